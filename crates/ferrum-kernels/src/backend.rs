@@ -1,0 +1,518 @@
+//! The `Backend` trait: the complete op surface a model is written against.
+//!
+//! Layout conventions shared by every op (all buffers are f32, row-major):
+//! - activations are token-major `[tokens, features]`;
+//! - a linear weight is `[n_out, k_in]` (PyTorch / GGUF row order), so a
+//!   projection is `out[m, n] = a[m, k] · w[n, k]ᵀ`;
+//! - attention works head-major: Q is `[batch, heads, q_len, head_dim]`,
+//!   K/V are `[batch, kv_heads, kv_seq_stride, head_dim]`;
+//! - RoPE rotates the two halves of each head (`x[i]` with `x[i + d/2]`), the
+//!   Hugging Face `rotate_half` convention; `cos`/`sin` tables are
+//!   `[positions, head_dim / 2]`. Loaders of GGUF `llama` checkpoints, whose
+//!   Q/K rows are permuted for interleaved rotation, undo that permutation so a
+//!   single rotation kernel serves every model.
+//!
+//! Buffers may be larger than an op needs (scratch is reused across calls);
+//! each op reads and writes only the extent its size arguments describe. A
+//! buffer smaller than that extent is a caller bug and panics.
+
+use ferrum_types::{FerrumError, Result};
+
+/// Which quantization scheme a [`Backend::gemm_quant`] weight uses.
+///
+/// One parameter instead of one trait method per format keeps the trait
+/// small while each scheme still gets its own kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum QuantKind {
+    /// GPTQ: group-wise int4/int8 with per-group scales and zero points,
+    /// optionally with an activation-order row permutation (`g_idx`).
+    Gptq {
+        bits: u32,
+        group_size: usize,
+        desc_act: bool,
+    },
+    /// AWQ: activation-aware int4 with scales and zero points, packed
+    /// differently from GPTQ.
+    Awq { bits: u32, group_size: usize },
+    /// A GGUF block format; the sub-type fully determines the layout.
+    Gguf { quant_type: GgufQuantType },
+}
+
+/// GGUF block formats that have `gemm_quant` kernels. Grows as kernels land.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GgufQuantType {
+    Q4_0,
+    Q4_1,
+    Q4K,
+    Q5K,
+    Q6K,
+    Q8_0,
+}
+
+/// The packed buffers of one quantized weight.
+///
+/// Formats that keep scales inside their blocks (all GGUF types) use only
+/// `qweight`; the backend checks that the buffers it needs are present.
+pub struct QuantWeights<'a, B: Backend> {
+    pub qweight: &'a B::Buffer,
+    pub scales: Option<&'a B::Buffer>,
+    pub zeros: Option<&'a B::Buffer>,
+    pub g_idx: Option<&'a B::Buffer>,
+}
+
+/// Reduction applied by [`Backend::all_reduce`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+    Min,
+}
+
+/// Shape and masking parameters of one attention call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttnConfig {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    /// Multiplier applied to `q·k` before the softmax (usually `1/√head_dim`).
+    pub scale: f32,
+    /// Rows between consecutive KV heads in the K/V buffers. `0` means the
+    /// heads are packed (`kv_len` rows each); a pre-allocated cache passes its
+    /// capacity so only the first `kv_len` of `kv_seq_stride` rows are read.
+    pub kv_seq_stride: usize,
+    /// Sliding-window size `w`: a query at absolute position `p` sees only
+    /// keys at positions `j` with `p - j < w` (the `w` most recent positions,
+    /// itself included), in addition to the causal bound. `0` disables it.
+    pub sliding_window: usize,
+}
+
+impl Default for AttnConfig {
+    fn default() -> Self {
+        Self {
+            num_heads: 0,
+            num_kv_heads: 0,
+            head_dim: 0,
+            causal: false,
+            scale: 1.0,
+            kv_seq_stride: 0,
+            sliding_window: 0,
+        }
+    }
+}
+
+/// One layer's K/V cache for one sequence, head-major `[kv_heads, capacity,
+/// head_dim]`, of which the first `len` positions are valid.
+pub struct KvCache<B: Backend> {
+    pub k: B::Buffer,
+    pub v: B::Buffer,
+    pub len: usize,
+    pub capacity: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl<B: Backend> KvCache<B> {
+    /// A zeroed cache able to hold `capacity` positions.
+    pub fn new(num_kv_heads: usize, capacity: usize, head_dim: usize) -> Self {
+        let elems = num_kv_heads * capacity * head_dim;
+        Self {
+            k: B::alloc(elems),
+            v: B::alloc(elems),
+            len: 0,
+            capacity,
+            num_kv_heads,
+            head_dim,
+        }
+    }
+
+    /// Positions still free.
+    pub fn remaining(&self) -> usize {
+        self.capacity - self.len
+    }
+}
+
+/// The device abstraction: buffers, an execution context and every op a
+/// model needs.
+///
+/// Ops record work into a [`Backend::Context`]: on CPU the context is `()`
+/// and ops run immediately; on a GPU it is a stream and ops are launches that
+/// complete by [`Backend::sync`]. Model code threads one context through a
+/// whole forward pass and syncs only when it must read results.
+pub trait Backend: Send + Sync + Sized + 'static {
+    /// A device buffer of f32 values.
+    type Buffer: Send + Sync;
+
+    /// Where work accumulates until `sync` (CPU: `()`, CUDA: a stream).
+    type Context;
+
+    /// A GPTQ weight repacked once at load into this backend's favourite
+    /// format (CPU: dequantized f32 rows; CUDA: Marlin tiles).
+    type GptqStore: Send + Sync;
+
+    /// Starts a new context.
+    fn new_context() -> Self::Context;
+
+    /// Waits until everything recorded in `ctx` has completed.
+    fn sync(ctx: &mut Self::Context);
+
+    // ── Graph capture (decode-step replay; GPU backends only) ─────────────
+    //
+    // A decode step is the same launch sequence every token, so a GPU backend
+    // captures it once and replays it, removing per-launch overhead. The loop:
+    // `set_decode_state` writes token and position into device memory; try
+    // `replay_last_graph`; if it returns `Ok(false)` (nothing captured) or an
+    // error (unsupported), run the step eagerly, optionally bracketed by
+    // `set_dev_state_mode(true)` + `begin_graph_capture` and
+    // `end_graph_capture` + `set_dev_state_mode(false)` to record it.
+
+    /// Copies the per-step scalars (token id, position) to device memory.
+    fn set_decode_state(_ctx: &mut Self::Context, _token: u32, _step: u32) {}
+
+    /// Switches kernels between taking dynamic scalars as launch arguments
+    /// (`false`) and reading them from device memory (`true`), which is what
+    /// makes a captured graph valid for every later step.
+    fn set_dev_state_mode(_ctx: &mut Self::Context, _enable: bool) {}
+
+    /// Starts recording launches into a graph instead of running them.
+    fn begin_graph_capture(_ctx: &mut Self::Context) -> Result<()> {
+        Err(FerrumError::unsupported("graph capture not supported"))
+    }
+
+    /// Stops recording and keeps the graph as the context's last graph.
+    fn end_graph_capture(_ctx: &mut Self::Context) -> Result<()> {
+        Err(FerrumError::unsupported("graph capture not supported"))
+    }
+
+    /// Replays the last captured graph; `Ok(false)` when there is none.
+    fn replay_last_graph(_ctx: &mut Self::Context) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// Forgets the captured graph. Must be called before the KV cache it
+    /// was captured against is freed: the graph holds its raw addresses.
+    fn reset_graph(_ctx: &mut Self::Context) {}
+
+    // ── GPTQ ──────────────────────────────────────────────────────────────
+
+    /// Repacks one GPTQ weight (host tensors straight from the checkpoint)
+    /// into [`Backend::GptqStore`]. Called once per weight at load.
+    ///
+    /// `qweight` is `[k / (32 / bits), n]` with `32 / bits` values of one
+    /// column packed per word along k; `qzeros` is `[k / group_size,
+    /// n / (32 / bits)]` packed along n and stored minus one (the GPTQ v1
+    /// on-disk convention); `scales` is `[k / group_size, n]`; `g_idx`, when
+    /// present, maps each of the `k` input rows to its group.
+    #[allow(clippy::too_many_arguments)]
+    fn load_gptq(
+        _qweight: &[i32],
+        _scales: &[f32],
+        _qzeros: &[i32],
+        _g_idx: Option<&[i32]>,
+        _bits: u32,
+        _group_size: usize,
+        _k: usize,
+        _n: usize,
+    ) -> Result<Self::GptqStore> {
+        Err(FerrumError::unsupported(
+            "load_gptq is not implemented for this backend",
+        ))
+    }
+
+    /// `out[m, n] = a[m, k] · dequant(weight)ᵀ`.
+    fn gemm_gptq(
+        _ctx: &mut Self::Context,
+        _a: &Self::Buffer,
+        _weight: &Self::GptqStore,
+        _out: &mut Self::Buffer,
+        _m: usize,
+    ) -> Result<()> {
+        Err(FerrumError::unsupported(
+            "gemm_gptq is not implemented for this backend",
+        ))
+    }
+
+    // ── Dense GEMM ────────────────────────────────────────────────────────
+
+    /// `out[m, n] = a[m, k] · b[n, k]ᵀ` (b is a linear weight).
+    fn gemm(
+        ctx: &mut Self::Context,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        out: &mut Self::Buffer,
+        m: usize,
+        n: usize,
+        k: usize,
+    );
+
+    // ── Norms ─────────────────────────────────────────────────────────────
+
+    /// `out[t] = x[t] / rms(x[t]) * w` for each of `tokens` rows of `dim`.
+    fn rms_norm(
+        ctx: &mut Self::Context,
+        x: &Self::Buffer,
+        w: &Self::Buffer,
+        eps: f32,
+        out: &mut Self::Buffer,
+        tokens: usize,
+        dim: usize,
+    );
+
+    /// `residual += x`, then `out = rms_norm(residual)`: the pre-norm
+    /// transformer's residual update and next norm in one pass.
+    #[allow(clippy::too_many_arguments)]
+    fn fused_add_rms_norm(
+        ctx: &mut Self::Context,
+        residual: &mut Self::Buffer,
+        x: &Self::Buffer,
+        w: &Self::Buffer,
+        eps: f32,
+        out: &mut Self::Buffer,
+        tokens: usize,
+        dim: usize,
+    );
+
+    // ── Attention ─────────────────────────────────────────────────────────
+
+    /// Softmax attention, `out[b, h, i] = Σ_j softmax(scale · q·k_j) v_j`.
+    ///
+    /// Query `i` sits at absolute position `pos_offset + i`; with `causal`
+    /// it sees keys `j <= pos_offset + i`, further limited by
+    /// `cfg.sliding_window`. Query head `h` reads KV head
+    /// `h / (num_heads / num_kv_heads)` (grouped-query attention).
+    #[allow(clippy::too_many_arguments)]
+    fn flash_attention(
+        ctx: &mut Self::Context,
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        out: &mut Self::Buffer,
+        batch: usize,
+        q_len: usize,
+        kv_len: usize,
+        pos_offset: usize,
+        cfg: &AttnConfig,
+    );
+
+    /// Multi-head latent attention (DeepSeek V2/V3's compressed KV).
+    ///
+    /// Shapes: `q` `[batch, heads, q_len, head_dim]`, `kv_compressed`
+    /// `[batch, kv_len, kv_lora_rank]`, `kv_rope` `[batch, kv_len,
+    /// qk_rope_head_dim]`, `out` like `q`. An extension point: no model in
+    /// Ferrum needs it yet, so every backend reports it unsupported.
+    #[allow(clippy::too_many_arguments)]
+    fn mla_attention(
+        _ctx: &mut Self::Context,
+        _q: &Self::Buffer,
+        _kv_compressed: &Self::Buffer,
+        _kv_rope: &Self::Buffer,
+        _out: &mut Self::Buffer,
+        _batch: usize,
+        _q_len: usize,
+        _kv_len: usize,
+        _pos_offset: usize,
+        _cfg: &AttnConfig,
+        _kv_lora_rank: usize,
+        _qk_rope_head_dim: usize,
+    ) -> Result<()> {
+        Err(FerrumError::unsupported(
+            "mla_attention (DeepSeek V2/V3 latent attention) is not implemented for this backend",
+        ))
+    }
+
+    // ── Data movement ─────────────────────────────────────────────────────
+
+    /// `dst[dst_offset..][..len] = src[src_offset..][..len]`, e.g. to pick the
+    /// last token's hidden state out of a prefill without a host round trip.
+    fn copy_slice(
+        ctx: &mut Self::Context,
+        src: &Self::Buffer,
+        src_offset: usize,
+        dst: &mut Self::Buffer,
+        dst_offset: usize,
+        len: usize,
+    );
+
+    /// `out[i] = table[ids[i]]` for a `[vocab, dim]` table. Callers validate
+    /// ids against the vocabulary first; an id out of range is a bug.
+    fn embedding_lookup(
+        ctx: &mut Self::Context,
+        table: &Self::Buffer,
+        ids: &[u32],
+        out: &mut Self::Buffer,
+        dim: usize,
+    );
+
+    /// Splits a fused `[tokens, q_dim + 2·kv_dim]` projection into Q
+    /// `[tokens, q_dim]`, K and V `[tokens, kv_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn split_qkv(
+        ctx: &mut Self::Context,
+        qkv: &Self::Buffer,
+        q: &mut Self::Buffer,
+        k: &mut Self::Buffer,
+        v: &mut Self::Buffer,
+        tokens: usize,
+        q_dim: usize,
+        kv_dim: usize,
+    );
+
+    /// `out[t, i] = silu(gate_up[t, i]) · gate_up[t, im + i]`: the SwiGLU
+    /// activation over a fused `[tokens, 2·im]` gate/up projection.
+    fn fused_silu_mul_split(
+        ctx: &mut Self::Context,
+        gate_up: &Self::Buffer,
+        out: &mut Self::Buffer,
+        tokens: usize,
+        im: usize,
+    );
+
+    /// Prepares Q, K or V for attention: token-major `[tokens, heads,
+    /// head_dim]` in, head-major `[heads, tokens, head_dim]` out.
+    ///
+    /// `mode` 0 only transposes (V); 1 applies a per-head RMS norm with
+    /// weight `norm_w[head_dim]`, then RoPE (Q/K of models with QK-norm such
+    /// as Qwen3 and Gemma 3); 2 applies RoPE only (Llama, Mistral, Qwen2).
+    /// Token `i` is at position `pos_offset + i`. `norm_w` and `eps` are
+    /// ignored unless `mode == 1`, `cos`/`sin` when `mode == 0`.
+    #[allow(clippy::too_many_arguments)]
+    fn qk_norm_rope(
+        ctx: &mut Self::Context,
+        input: &Self::Buffer,
+        norm_w: &Self::Buffer,
+        cos: &Self::Buffer,
+        sin: &Self::Buffer,
+        output: &mut Self::Buffer,
+        tokens: usize,
+        heads: usize,
+        head_dim: usize,
+        pos_offset: usize,
+        eps: f32,
+        mode: i32,
+    );
+
+    /// Writes `new_tokens` head-major K/V rows (`[nkv, new_tokens, hd]`, as
+    /// `qk_norm_rope` produces them) into caches `[nkv, cache_capacity, hd]`
+    /// at positions `cache_len..cache_len + new_tokens`. The caller keeps
+    /// the length and checks capacity beforehand.
+    #[allow(clippy::too_many_arguments)]
+    fn kv_cache_append_head_major(
+        ctx: &mut Self::Context,
+        cache_k: &mut Self::Buffer,
+        cache_v: &mut Self::Buffer,
+        cache_len: usize,
+        cache_capacity: usize,
+        new_k_head_major: &Self::Buffer,
+        new_v_head_major: &Self::Buffer,
+        new_tokens: usize,
+        nkv: usize,
+        hd: usize,
+    );
+
+    /// `[heads, tokens, dim]` → `[tokens, heads, dim]`, to bring attention
+    /// output back to token-major for the output projection.
+    fn transpose_head_to_token(
+        ctx: &mut Self::Context,
+        src: &Self::Buffer,
+        dst: &mut Self::Buffer,
+        tokens: usize,
+        heads: usize,
+        dim: usize,
+    );
+
+    // ── Element-wise ──────────────────────────────────────────────────────
+
+    /// `residual[i] += x[i]` for `i < len`.
+    fn add_inplace(
+        ctx: &mut Self::Context,
+        residual: &mut Self::Buffer,
+        x: &Self::Buffer,
+        len: usize,
+    );
+
+    /// `data[r, c] += bias[c]` (biased projections: BERT, Qwen2's QKV).
+    fn add_bias(
+        ctx: &mut Self::Context,
+        data: &mut Self::Buffer,
+        bias: &Self::Buffer,
+        rows: usize,
+        cols: usize,
+    );
+
+    /// LayerNorm over the last dimension:
+    /// `out = (x - mean) / sqrt(var + eps) · gamma + beta` (biased variance).
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm(
+        ctx: &mut Self::Context,
+        x: &Self::Buffer,
+        gamma: &Self::Buffer,
+        beta: &Self::Buffer,
+        eps: f32,
+        out: &mut Self::Buffer,
+        tokens: usize,
+        dim: usize,
+    );
+
+    /// Exact (erf) GELU, PyTorch's default: `x · Φ(x)`.
+    fn gelu(ctx: &mut Self::Context, x: &Self::Buffer, out: &mut Self::Buffer, len: usize);
+
+    // ── Buffers ───────────────────────────────────────────────────────────
+
+    /// A zero-filled buffer of `len` values.
+    fn alloc(len: usize) -> Self::Buffer;
+    /// Copies the first `len` values to the host.
+    fn to_vec(buf: &Self::Buffer, len: usize) -> Vec<f32>;
+    /// A buffer holding a copy of `data`.
+    fn from_slice(data: &[f32]) -> Self::Buffer;
+
+    // ── Quantized GEMM ────────────────────────────────────────────────────
+
+    /// `out[m, n] = a[m, k] · dequant(w)[n, k]ᵀ` with `w` packed as `kind`.
+    /// Backends implement the kinds they have kernels for; the rest report
+    /// `Unsupported` rather than computing something wrong.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_quant(
+        _ctx: &mut Self::Context,
+        _a: &Self::Buffer,
+        _weights: &QuantWeights<'_, Self>,
+        _out: &mut Self::Buffer,
+        _m: usize,
+        _n: usize,
+        _k: usize,
+        kind: &QuantKind,
+    ) -> Result<()> {
+        Err(FerrumError::unsupported(format!(
+            "gemm_quant({kind:?}) is not implemented for this backend"
+        )))
+    }
+
+    // ── Tensor-parallel collectives ───────────────────────────────────────
+    //
+    // Single-rank defaults: one process owns the whole model, so every
+    // collective is the identity and model code may call them
+    // unconditionally at no cost. Multi-GPU backends override them.
+
+    /// Number of ranks sharing the model.
+    fn world_size(_ctx: &Self::Context) -> usize {
+        1
+    }
+    /// This rank's index.
+    fn rank(_ctx: &Self::Context) -> usize {
+        0
+    }
+    /// Reduces `buf[..len]` across ranks in place.
+    fn all_reduce(_ctx: &mut Self::Context, _buf: &mut Self::Buffer, _len: usize, _op: ReduceOp) {}
+    /// Concatenates every rank's `local[..local_len]` into `global`. With one
+    /// rank that is a plain copy, so callers need no single-rank special case.
+    fn all_gather(
+        ctx: &mut Self::Context,
+        local: &Self::Buffer,
+        global: &mut Self::Buffer,
+        local_len: usize,
+    ) {
+        Self::copy_slice(ctx, local, 0, global, 0, local_len);
+    }
+    /// Copies `buf[..len]` from `src_rank` to every rank.
+    fn broadcast(_ctx: &mut Self::Context, _buf: &mut Self::Buffer, _len: usize, _src_rank: usize) {
+    }
+}

@@ -1,0 +1,344 @@
+//! The CPU backend: f32 activations, all cores through rayon's global pool,
+//! AVX2/FMA kernels chosen at run time with scalar fallbacks.
+
+mod activation;
+mod attention;
+mod gptq;
+mod layout;
+mod matmul;
+mod norm;
+mod rope;
+pub(crate) mod simd;
+
+use std::ops::{Deref, DerefMut};
+
+use ferrum_types::{FerrumError, Result};
+use rayon::prelude::*;
+
+pub use gptq::CpuGptqWeight;
+
+use crate::{AttnConfig, Backend};
+
+/// Element-wise work below this many values stays on the calling thread:
+/// waking the pool costs more than it saves (decode-sized rows).
+pub(crate) const PAR_MIN_ELEMS: usize = 1 << 14;
+
+/// Runs `f(row_index, row)` over the `dim`-wide rows of `out`, in parallel
+/// when the work is large enough to pay for it.
+pub(crate) fn rows_mut(out: &mut [f32], dim: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if dim == 0 {
+        return;
+    }
+    if out.len() >= PAR_MIN_ELEMS && out.len() > dim {
+        out.par_chunks_mut(dim)
+            .enumerate()
+            .for_each(|(i, r)| f(i, r));
+    } else {
+        out.chunks_mut(dim).enumerate().for_each(|(i, r)| f(i, r));
+    }
+}
+
+/// A raw output pointer handed to parallel tasks that each write a disjoint
+/// region; the code creating it proves disjointness at the use site.
+#[derive(Clone, Copy)]
+pub(crate) struct SyncPtr(pub(crate) *mut f32);
+
+impl SyncPtr {
+    /// The pointer; a method so closures capture the whole (Send) wrapper.
+    pub(crate) fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+// SAFETY: only used for disjoint writes, see above.
+unsafe impl Send for SyncPtr {}
+unsafe impl Sync for SyncPtr {}
+
+/// The vector instruction set the CPU kernels use on this machine
+/// (`"avx2+fma"` or `"scalar"`), for logs and `ferrum system-info`.
+pub fn simd_level() -> &'static str {
+    if simd::has_avx2() {
+        "avx2+fma"
+    } else {
+        "scalar"
+    }
+}
+
+/// Worker threads the CPU kernels split work over (rayon's global pool:
+/// `RAYON_NUM_THREADS`, or one per core).
+pub fn threads() -> usize {
+    rayon::current_num_threads()
+}
+
+/// A host buffer of f32 values.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CpuBuffer(Vec<f32>);
+
+impl CpuBuffer {
+    /// Takes ownership of `data` without copying.
+    pub fn from_vec(data: Vec<f32>) -> Self {
+        Self(data)
+    }
+
+    /// Gives the values back.
+    pub fn into_vec(self) -> Vec<f32> {
+        self.0
+    }
+}
+
+impl Deref for CpuBuffer {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.0
+    }
+}
+
+impl DerefMut for CpuBuffer {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        &mut self.0
+    }
+}
+
+/// The CPU implementation of [`Backend`]. Ops run inline; the context is `()`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBackend;
+
+impl Backend for CpuBackend {
+    type Buffer = CpuBuffer;
+    type Context = ();
+    type GptqStore = CpuGptqWeight;
+
+    fn new_context() -> Self::Context {}
+
+    fn sync(_ctx: &mut Self::Context) {}
+
+    fn load_gptq(
+        qweight: &[i32],
+        scales: &[f32],
+        qzeros: &[i32],
+        g_idx: Option<&[i32]>,
+        bits: u32,
+        group_size: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<Self::GptqStore> {
+        gptq::load(qweight, scales, qzeros, g_idx, bits, group_size, k, n)
+    }
+
+    fn gemm_gptq(
+        _ctx: &mut Self::Context,
+        a: &Self::Buffer,
+        weight: &Self::GptqStore,
+        out: &mut Self::Buffer,
+        m: usize,
+    ) -> Result<()> {
+        let (n, k) = (weight.n, weight.k);
+        if a.len() < m * k || out.len() < m * n {
+            return Err(FerrumError::invalid(format!(
+                "gemm_gptq: buffers of {} and {} values are too small for m = {m}, k = {k}, n = {n}",
+                a.len(),
+                out.len()
+            )));
+        }
+        matmul::gemm(a, &weight.w, out, m, n, k);
+        Ok(())
+    }
+
+    fn gemm(
+        _ctx: &mut Self::Context,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        out: &mut Self::Buffer,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) {
+        matmul::gemm(a, b, out, m, n, k);
+    }
+
+    fn rms_norm(
+        _ctx: &mut Self::Context,
+        x: &Self::Buffer,
+        w: &Self::Buffer,
+        eps: f32,
+        out: &mut Self::Buffer,
+        tokens: usize,
+        dim: usize,
+    ) {
+        norm::rms_norm(x, w, eps, out, tokens, dim);
+    }
+
+    fn fused_add_rms_norm(
+        _ctx: &mut Self::Context,
+        residual: &mut Self::Buffer,
+        x: &Self::Buffer,
+        w: &Self::Buffer,
+        eps: f32,
+        out: &mut Self::Buffer,
+        tokens: usize,
+        dim: usize,
+    ) {
+        norm::fused_add_rms_norm(residual, x, w, eps, out, tokens, dim);
+    }
+
+    fn flash_attention(
+        _ctx: &mut Self::Context,
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        out: &mut Self::Buffer,
+        batch: usize,
+        q_len: usize,
+        kv_len: usize,
+        pos_offset: usize,
+        cfg: &AttnConfig,
+    ) {
+        attention::flash_attention(q, k, v, out, batch, q_len, kv_len, pos_offset, cfg);
+    }
+
+    fn copy_slice(
+        _ctx: &mut Self::Context,
+        src: &Self::Buffer,
+        src_offset: usize,
+        dst: &mut Self::Buffer,
+        dst_offset: usize,
+        len: usize,
+    ) {
+        dst[dst_offset..dst_offset + len].copy_from_slice(&src[src_offset..src_offset + len]);
+    }
+
+    fn embedding_lookup(
+        _ctx: &mut Self::Context,
+        table: &Self::Buffer,
+        ids: &[u32],
+        out: &mut Self::Buffer,
+        dim: usize,
+    ) {
+        layout::embedding_lookup(table, ids, out, dim);
+    }
+
+    fn split_qkv(
+        _ctx: &mut Self::Context,
+        qkv: &Self::Buffer,
+        q: &mut Self::Buffer,
+        k: &mut Self::Buffer,
+        v: &mut Self::Buffer,
+        tokens: usize,
+        q_dim: usize,
+        kv_dim: usize,
+    ) {
+        layout::split_qkv(qkv, q, k, v, tokens, q_dim, kv_dim);
+    }
+
+    fn fused_silu_mul_split(
+        _ctx: &mut Self::Context,
+        gate_up: &Self::Buffer,
+        out: &mut Self::Buffer,
+        tokens: usize,
+        im: usize,
+    ) {
+        activation::fused_silu_mul_split(gate_up, out, tokens, im);
+    }
+
+    fn qk_norm_rope(
+        _ctx: &mut Self::Context,
+        input: &Self::Buffer,
+        norm_w: &Self::Buffer,
+        cos: &Self::Buffer,
+        sin: &Self::Buffer,
+        output: &mut Self::Buffer,
+        tokens: usize,
+        heads: usize,
+        head_dim: usize,
+        pos_offset: usize,
+        eps: f32,
+        mode: i32,
+    ) {
+        rope::qk_norm_rope(
+            input, norm_w, cos, sin, output, tokens, heads, head_dim, pos_offset, eps, mode,
+        );
+    }
+
+    fn kv_cache_append_head_major(
+        _ctx: &mut Self::Context,
+        cache_k: &mut Self::Buffer,
+        cache_v: &mut Self::Buffer,
+        cache_len: usize,
+        cache_capacity: usize,
+        new_k_head_major: &Self::Buffer,
+        new_v_head_major: &Self::Buffer,
+        new_tokens: usize,
+        nkv: usize,
+        hd: usize,
+    ) {
+        layout::kv_cache_append_head_major(
+            cache_k,
+            cache_v,
+            cache_len,
+            cache_capacity,
+            new_k_head_major,
+            new_v_head_major,
+            new_tokens,
+            nkv,
+            hd,
+        );
+    }
+
+    fn transpose_head_to_token(
+        _ctx: &mut Self::Context,
+        src: &Self::Buffer,
+        dst: &mut Self::Buffer,
+        tokens: usize,
+        heads: usize,
+        dim: usize,
+    ) {
+        layout::transpose_head_to_token(src, dst, tokens, heads, dim);
+    }
+
+    fn add_inplace(
+        _ctx: &mut Self::Context,
+        residual: &mut Self::Buffer,
+        x: &Self::Buffer,
+        len: usize,
+    ) {
+        activation::add_inplace(residual, x, len);
+    }
+
+    fn add_bias(
+        _ctx: &mut Self::Context,
+        data: &mut Self::Buffer,
+        bias: &Self::Buffer,
+        rows: usize,
+        cols: usize,
+    ) {
+        activation::add_bias(data, bias, rows, cols);
+    }
+
+    fn layer_norm(
+        _ctx: &mut Self::Context,
+        x: &Self::Buffer,
+        gamma: &Self::Buffer,
+        beta: &Self::Buffer,
+        eps: f32,
+        out: &mut Self::Buffer,
+        tokens: usize,
+        dim: usize,
+    ) {
+        norm::layer_norm(x, gamma, beta, eps, out, tokens, dim);
+    }
+
+    fn gelu(_ctx: &mut Self::Context, x: &Self::Buffer, out: &mut Self::Buffer, len: usize) {
+        activation::gelu(x, out, len);
+    }
+
+    fn alloc(len: usize) -> Self::Buffer {
+        CpuBuffer(vec![0.0; len])
+    }
+
+    fn to_vec(buf: &Self::Buffer, len: usize) -> Vec<f32> {
+        buf[..len].to_vec()
+    }
+
+    fn from_slice(data: &[f32]) -> Self::Buffer {
+        CpuBuffer(data.to_vec())
+    }
+}

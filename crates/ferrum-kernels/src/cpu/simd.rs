@@ -1,0 +1,620 @@
+//! Vector primitives for the CPU backend: AVX2 + FMA paths picked at run
+//! time, and portable scalar fallbacks with the same numerics.
+//!
+//! Every public function here dispatches on [`has_avx2`], which reads the
+//! standard library's cached CPU-feature flags (one atomic load). The scalar
+//! versions use the same polynomial approximations as the vector ones, so a
+//! model gives the same output on every x86-64 machine within rounding.
+
+/// True when the running CPU has AVX2 and FMA.
+#[inline]
+pub(crate) fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+macro_rules! dispatch {
+    ($name:ident($($arg:expr),*)) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            if has_avx2() {
+                // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+                return unsafe { avx2::$name($($arg),*) };
+            }
+        }
+        scalar::$name($($arg),*)
+    }};
+}
+
+/// `Σ a[i]·b[i]` over `a.len()` elements (`b` must be at least as long).
+#[inline]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let b = &b[..a.len()];
+    dispatch!(dot(a, b))
+}
+
+/// `Σ x[i]²`.
+#[inline]
+pub(crate) fn sum_sq(x: &[f32]) -> f32 {
+    dispatch!(sum_sq(x))
+}
+
+/// `Σ x[i]`.
+#[inline]
+pub(crate) fn sum(x: &[f32]) -> f32 {
+    dispatch!(sum(x))
+}
+
+/// `out[i] = x[i] · s · w[i]` (the tail of every normalisation).
+#[inline]
+pub(crate) fn scale_mul(out: &mut [f32], x: &[f32], s: f32, w: &[f32]) {
+    let (x, w) = (&x[..out.len()], &w[..out.len()]);
+    dispatch!(scale_mul(out, x, s, w))
+}
+
+/// `y[i] += a · x[i]`.
+#[inline]
+pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    let x = &x[..y.len()];
+    dispatch!(axpy(y, a, x))
+}
+
+/// `y[i] *= s`.
+#[inline]
+pub(crate) fn scale(y: &mut [f32], s: f32) {
+    dispatch!(scale(y, s))
+}
+
+/// `y[i] += x[i]`.
+#[inline]
+pub(crate) fn add(y: &mut [f32], x: &[f32]) {
+    let x = &x[..y.len()];
+    dispatch!(add(y, x))
+}
+
+/// `x[i] = exp(x[i] - m)`, returning `Σ x[i]` (the softmax numerator pass).
+#[inline]
+pub(crate) fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
+    dispatch!(exp_sub_sum(x, m))
+}
+
+/// `out[i] = silu(g[i]) · u[i]`.
+#[inline]
+pub(crate) fn silu_mul(out: &mut [f32], g: &[f32], u: &[f32]) {
+    let (g, u) = (&g[..out.len()], &u[..out.len()]);
+    dispatch!(silu_mul(out, g, u))
+}
+
+/// `out[i] = gelu(x[i])` with the erf form.
+#[inline]
+pub(crate) fn gelu(out: &mut [f32], x: &[f32]) {
+    let x = &x[..out.len()];
+    dispatch!(gelu(out, x))
+}
+
+/// Cephes-style `exp` constants shared by both paths.
+mod exp_consts {
+    pub const HI: f32 = 88.376_26;
+    pub const LO: f32 = -87.336_55;
+    pub const LOG2E: f32 = std::f32::consts::LOG2_E;
+    pub const C1: f32 = 0.693_359_4;
+    pub const C2: f32 = -2.121_944_4e-4;
+    pub const P: [f32; 6] = [
+        1.987_569_1e-4,
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        0.5,
+    ];
+}
+
+/// Abramowitz & Stegun 7.1.26 erf coefficients (|error| < 1.5e-7).
+mod erf_consts {
+    pub const P: f32 = 0.327_591_1;
+    pub const A: [f32; 5] = [
+        0.254_829_6,
+        -0.284_496_74,
+        1.421_413_7,
+        -1.453_152_1,
+        1.061_405_4,
+    ];
+}
+
+pub(crate) mod scalar {
+    use super::{erf_consts, exp_consts as e};
+
+    pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+        // Eight partial sums, like the vector path, to keep rounding similar.
+        let mut acc = [0f32; 8];
+        let chunks = a.len() / 8;
+        for c in 0..chunks {
+            for l in 0..8 {
+                acc[l] = a[c * 8 + l].mul_add(b[c * 8 + l], acc[l]);
+            }
+        }
+        let mut s: f32 = acc.iter().sum();
+        for i in chunks * 8..a.len() {
+            s = a[i].mul_add(b[i], s);
+        }
+        s
+    }
+
+    pub fn sum_sq(x: &[f32]) -> f32 {
+        dot(x, x)
+    }
+
+    pub fn sum(x: &[f32]) -> f32 {
+        x.iter().sum()
+    }
+
+    pub fn scale_mul(out: &mut [f32], x: &[f32], s: f32, w: &[f32]) {
+        for ((o, &x), &w) in out.iter_mut().zip(x).zip(w) {
+            *o = x * s * w;
+        }
+    }
+
+    pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+        for (y, &x) in y.iter_mut().zip(x) {
+            *y = a.mul_add(x, *y);
+        }
+    }
+
+    pub fn scale(y: &mut [f32], s: f32) {
+        for y in y {
+            *y *= s;
+        }
+    }
+
+    pub fn add(y: &mut [f32], x: &[f32]) {
+        for (y, &x) in y.iter_mut().zip(x) {
+            *y += x;
+        }
+    }
+
+    /// `exp` with the same range reduction and polynomial as the AVX2 path.
+    pub fn exp(x: f32) -> f32 {
+        let x = x.clamp(e::LO, e::HI);
+        let n = x.mul_add(e::LOG2E, 0.5).floor();
+        let r = n.mul_add(-e::C2, n.mul_add(-e::C1, x));
+        let mut y = e::P[0];
+        for &p in &e::P[1..] {
+            y = y.mul_add(r, p);
+        }
+        let y = y.mul_add(r * r, r) + 1.0;
+        y * f32::from_bits((((n as i32) + 127) as u32) << 23)
+    }
+
+    pub fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
+        let mut s = 0.0;
+        for v in x {
+            *v = exp(*v - m);
+            s += *v;
+        }
+        s
+    }
+
+    pub fn silu_mul(out: &mut [f32], g: &[f32], u: &[f32]) {
+        for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+            *o = g / (1.0 + exp(-g)) * u;
+        }
+    }
+
+    pub fn erf(x: f32) -> f32 {
+        let a = x.abs();
+        let t = 1.0 / a.mul_add(erf_consts::P, 1.0);
+        let c = &erf_consts::A;
+        let poly = t * c[4]
+            .mul_add(t, c[3])
+            .mul_add(t, c[2])
+            .mul_add(t, c[1])
+            .mul_add(t, c[0]);
+        let r = 1.0 - poly * exp(-a * a);
+        r.copysign(x)
+    }
+
+    pub fn gelu(out: &mut [f32], x: &[f32]) {
+        for (o, &x) in out.iter_mut().zip(x) {
+            *o = 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2));
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2 {
+    //! AVX2 + FMA implementations. Every function requires both features;
+    //! callers check [`super::has_avx2`] first.
+
+    use super::{erf_consts, exp_consts as e, scalar};
+    use std::arch::x86_64::*;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let lo = _mm256_castps256_ps128(v);
+        let hi = _mm256_extractf128_ps(v, 1);
+        let s = _mm_add_ps(lo, hi);
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len();
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut acc2 = _mm256_setzero_ps();
+        let mut acc3 = _mm256_setzero_ps();
+        let mut i = 0;
+        // SAFETY (all loads): i + width <= n = a.len() <= b.len().
+        while i + 32 <= n {
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
+            acc1 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(pa.add(i + 8)),
+                _mm256_loadu_ps(pb.add(i + 8)),
+                acc1,
+            );
+            acc2 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(pa.add(i + 16)),
+                _mm256_loadu_ps(pb.add(i + 16)),
+                acc2,
+            );
+            acc3 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(pa.add(i + 24)),
+                _mm256_loadu_ps(pb.add(i + 24)),
+                acc3,
+            );
+            i += 32;
+        }
+        while i + 8 <= n {
+            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
+            i += 8;
+        }
+        let acc = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
+        let mut s = hsum(acc);
+        while i < n {
+            s = (*pa.add(i)).mul_add(*pb.add(i), s);
+            i += 1;
+        }
+        s
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn sum_sq(x: &[f32]) -> f32 {
+        dot(x, x)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn sum(x: &[f32]) -> f32 {
+        let n = x.len();
+        let p = x.as_ptr();
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 8 <= n {
+            acc = _mm256_add_ps(acc, _mm256_loadu_ps(p.add(i)));
+            i += 8;
+        }
+        hsum(acc) + scalar::sum(&x[i..])
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn scale_mul(out: &mut [f32], x: &[f32], s: f32, w: &[f32]) {
+        let n = out.len();
+        let vs = _mm256_set1_ps(s);
+        let mut i = 0;
+        while i + 8 <= n {
+            let v = _mm256_mul_ps(_mm256_loadu_ps(x.as_ptr().add(i)), vs);
+            let v = _mm256_mul_ps(v, _mm256_loadu_ps(w.as_ptr().add(i)));
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), v);
+            i += 8;
+        }
+        scalar::scale_mul(&mut out[i..], &x[i..], s, &w[i..]);
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+        let n = y.len();
+        let va = _mm256_set1_ps(a);
+        let mut i = 0;
+        while i + 8 <= n {
+            let py = y.as_mut_ptr().add(i);
+            _mm256_storeu_ps(
+                py,
+                _mm256_fmadd_ps(va, _mm256_loadu_ps(x.as_ptr().add(i)), _mm256_loadu_ps(py)),
+            );
+            i += 8;
+        }
+        scalar::axpy(&mut y[i..], a, &x[i..]);
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn scale(y: &mut [f32], s: f32) {
+        let n = y.len();
+        let vs = _mm256_set1_ps(s);
+        let mut i = 0;
+        while i + 8 <= n {
+            let py = y.as_mut_ptr().add(i);
+            _mm256_storeu_ps(py, _mm256_mul_ps(_mm256_loadu_ps(py), vs));
+            i += 8;
+        }
+        scalar::scale(&mut y[i..], s);
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn add(y: &mut [f32], x: &[f32]) {
+        let n = y.len();
+        let mut i = 0;
+        while i + 8 <= n {
+            let py = y.as_mut_ptr().add(i);
+            _mm256_storeu_ps(
+                py,
+                _mm256_add_ps(_mm256_loadu_ps(py), _mm256_loadu_ps(x.as_ptr().add(i))),
+            );
+            i += 8;
+        }
+        scalar::add(&mut y[i..], &x[i..]);
+    }
+
+    /// Eight-lane `exp`, same reduction and polynomial as [`scalar::exp`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn exp8(x: __m256) -> __m256 {
+        let x = _mm256_min_ps(
+            _mm256_max_ps(x, _mm256_set1_ps(e::LO)),
+            _mm256_set1_ps(e::HI),
+        );
+        let n = _mm256_floor_ps(_mm256_fmadd_ps(
+            x,
+            _mm256_set1_ps(e::LOG2E),
+            _mm256_set1_ps(0.5),
+        ));
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(e::C1), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(e::C2), r);
+        let mut y = _mm256_set1_ps(e::P[0]);
+        for &p in &e::P[1..] {
+            y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(p));
+        }
+        let y = _mm256_add_ps(
+            _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r),
+            _mm256_set1_ps(1.0),
+        );
+        let pow2 = _mm256_slli_epi32(
+            _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+            23,
+        );
+        _mm256_mul_ps(y, _mm256_castsi256_ps(pow2))
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
+        let n = x.len();
+        let vm = _mm256_set1_ps(m);
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 8 <= n {
+            let p = x.as_mut_ptr().add(i);
+            let v = exp8(_mm256_sub_ps(_mm256_loadu_ps(p), vm));
+            _mm256_storeu_ps(p, v);
+            acc = _mm256_add_ps(acc, v);
+            i += 8;
+        }
+        hsum(acc) + scalar::exp_sub_sum(&mut x[i..], m)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn silu_mul(out: &mut [f32], g: &[f32], u: &[f32]) {
+        let n = out.len();
+        let one = _mm256_set1_ps(1.0);
+        let mut i = 0;
+        while i + 8 <= n {
+            let vg = _mm256_loadu_ps(g.as_ptr().add(i));
+            let denom = _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), vg)));
+            let v = _mm256_mul_ps(_mm256_div_ps(vg, denom), _mm256_loadu_ps(u.as_ptr().add(i)));
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), v);
+            i += 8;
+        }
+        scalar::silu_mul(&mut out[i..], &g[i..], &u[i..]);
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn gelu(out: &mut [f32], x: &[f32]) {
+        let n = out.len();
+        let c = &erf_consts::A;
+        let sign_mask = _mm256_set1_ps(-0.0);
+        let one = _mm256_set1_ps(1.0);
+        let mut i = 0;
+        while i + 8 <= n {
+            let vx = _mm256_loadu_ps(x.as_ptr().add(i));
+            let z = _mm256_mul_ps(vx, _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
+            let a = _mm256_andnot_ps(sign_mask, z);
+            let t = _mm256_div_ps(one, _mm256_fmadd_ps(a, _mm256_set1_ps(erf_consts::P), one));
+            let mut poly = _mm256_set1_ps(c[4]);
+            for &ci in c[..4].iter().rev() {
+                poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(ci));
+            }
+            poly = _mm256_mul_ps(poly, t);
+            let ex = exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(a, a)));
+            let erf_abs = _mm256_fnmadd_ps(poly, ex, one);
+            let erf = _mm256_or_ps(erf_abs, _mm256_and_ps(z, sign_mask));
+            let v = _mm256_mul_ps(
+                _mm256_mul_ps(_mm256_set1_ps(0.5), vx),
+                _mm256_add_ps(one, erf),
+            );
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), v);
+            i += 8;
+        }
+        scalar::gelu(&mut out[i..], &x[i..]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Both paths against f64 references on random data with odd lengths.
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn rand_vec(rng: &mut impl Rng, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+    }
+
+    fn rel_err(got: f64, want: f64) -> f64 {
+        (got - want).abs() / want.abs().max(1e-30)
+    }
+
+    /// erf in f64 via its Maclaurin series (|x| < 3) or the continued
+    /// fraction of erfc (|x| >= 3): accurate to ~1e-15, far beyond f32.
+    fn erf64(x: f64) -> f64 {
+        let a = x.abs();
+        let r = if a < 3.0 {
+            let mut term = a;
+            let mut s = a;
+            let mut n = 0.0;
+            while term.abs() > 1e-17 * s.abs() {
+                n += 1.0;
+                term *= -a * a / n;
+                s += term / (2.0 * n + 1.0);
+            }
+            s * 2.0 / std::f64::consts::PI.sqrt()
+        } else {
+            let mut f = 0.0;
+            for k in (1..60).rev() {
+                f = (k as f64 / 2.0) / (a + f);
+            }
+            1.0 - (-a * a).exp() / std::f64::consts::PI.sqrt() / (a + f)
+        };
+        r.copysign(x)
+    }
+
+    /// Runs `check` through the scalar path and, where available, the AVX2 path.
+    fn both_paths(mut check: impl FnMut(&str, bool)) {
+        check("scalar", false);
+        if has_avx2() {
+            check("avx2", true);
+        }
+    }
+
+    #[test]
+    fn reductions_match_f64() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        for n in [0usize, 1, 7, 8, 9, 31, 32, 33, 64, 100, 1023] {
+            let a = rand_vec(&mut rng, n, 1.0);
+            let b = rand_vec(&mut rng, n, 1.0);
+            let want_dot: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
+            let want_ss: f64 = a.iter().map(|&x| x as f64 * x as f64).sum();
+            let want_sum: f64 = a.iter().map(|&x| x as f64).sum();
+            let abs_scale: f64 = a.iter().map(|&x| x.abs() as f64).sum::<f64>() + 1e-30;
+            both_paths(|name, vec| {
+                let (d, ss, s) = if vec {
+                    #[cfg(target_arch = "x86_64")]
+                    unsafe {
+                        (avx2::dot(&a, &b), avx2::sum_sq(&a), avx2::sum(&a))
+                    }
+                    #[cfg(not(target_arch = "x86_64"))]
+                    unreachable!()
+                } else {
+                    (scalar::dot(&a, &b), scalar::sum_sq(&a), scalar::sum(&a))
+                };
+                // f32 accumulation of n terms: error bounded by ~n·eps·Σ|terms|.
+                let tol = (n as f64 + 1.0) * 6e-8 * abs_scale;
+                assert!((d as f64 - want_dot).abs() <= tol, "{name} dot n={n}");
+                assert!((ss as f64 - want_ss).abs() <= tol, "{name} sum_sq n={n}");
+                assert!((s as f64 - want_sum).abs() <= tol, "{name} sum n={n}");
+            });
+        }
+    }
+
+    #[test]
+    fn exp_silu_gelu_match_f64() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+        let x = rand_vec(&mut rng, 1001, 12.0);
+        let u = rand_vec(&mut rng, 1001, 2.0);
+        both_paths(|name, vec| {
+            let mut e = x.clone();
+            let mut silu = vec![0f32; x.len()];
+            let mut gelu = vec![0f32; x.len()];
+            let s = if vec {
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    avx2::silu_mul(&mut silu, &x, &u);
+                    avx2::gelu(&mut gelu, &x);
+                    avx2::exp_sub_sum(&mut e, 1.5)
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                unreachable!()
+            } else {
+                scalar::silu_mul(&mut silu, &x, &u);
+                scalar::gelu(&mut gelu, &x);
+                scalar::exp_sub_sum(&mut e, 1.5)
+            };
+            let mut want_sum = 0f64;
+            for i in 0..x.len() {
+                let xi = x[i] as f64;
+                let want_e = (xi - 1.5).exp();
+                want_sum += want_e;
+                // Cephes exp: a few ulp.
+                assert!(rel_err(e[i] as f64, want_e) < 5e-7, "{name} exp({xi})");
+                let want_silu = xi / (1.0 + (-xi).exp()) * u[i] as f64;
+                assert!(
+                    (silu[i] as f64 - want_silu).abs() < 1e-6 * (1.0 + want_silu.abs()),
+                    "{name} silu({xi})"
+                );
+                let want_gelu = 0.5 * xi * (1.0 + erf64(xi / 2f64.sqrt()));
+                // erf approximation error < 1.5e-7 absolute, scaled by |x|/2.
+                assert!(
+                    (gelu[i] as f64 - want_gelu).abs()
+                        < 1e-7 * (1.0 + xi.abs()) + 1e-6 * want_gelu.abs(),
+                    "{name} gelu({xi}) = {} want {want_gelu}",
+                    gelu[i]
+                );
+            }
+            assert!(rel_err(s as f64, want_sum) < 1e-5, "{name} exp sum");
+        });
+    }
+
+    #[test]
+    fn elementwise_match_reference() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for n in [1usize, 5, 8, 13, 64, 257] {
+            let x = rand_vec(&mut rng, n, 3.0);
+            let w = rand_vec(&mut rng, n, 3.0);
+            let y0 = rand_vec(&mut rng, n, 3.0);
+            both_paths(|name, vec| {
+                let mut sm = vec![0f32; n];
+                let mut ax = y0.clone();
+                let mut sc = y0.clone();
+                let mut ad = y0.clone();
+                if vec {
+                    #[cfg(target_arch = "x86_64")]
+                    unsafe {
+                        avx2::scale_mul(&mut sm, &x, 0.7, &w);
+                        avx2::axpy(&mut ax, -1.3, &x);
+                        avx2::scale(&mut sc, 2.5);
+                        avx2::add(&mut ad, &x);
+                    }
+                } else {
+                    scalar::scale_mul(&mut sm, &x, 0.7, &w);
+                    scalar::axpy(&mut ax, -1.3, &x);
+                    scalar::scale(&mut sc, 2.5);
+                    scalar::add(&mut ad, &x);
+                }
+                for i in 0..n {
+                    let (xi, wi, yi) = (x[i] as f64, w[i] as f64, y0[i] as f64);
+                    let close =
+                        |g: f32, want: f64| (g as f64 - want).abs() <= 4e-7 * (1.0 + want.abs());
+                    assert!(close(sm[i], xi * 0.7 * wi), "{name} scale_mul");
+                    assert!(close(ax[i], yi - 1.3 * xi), "{name} axpy");
+                    assert!(close(sc[i], yi * 2.5), "{name} scale");
+                    assert!(close(ad[i], yi + xi), "{name} add");
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! Compute backends for Ferrum.
+//!
+//! [`Backend`] is the one abstraction over devices: every op a model needs,
+//! with an execution [`Backend::Context`] that CPU runs inline and GPUs turn
+//! into a stream of launches. [`CpuBackend`] is the default implementation.
+
+mod backend;
+pub mod cpu;
+
+pub use backend::{AttnConfig, Backend, GgufQuantType, KvCache, QuantKind, QuantWeights, ReduceOp};
+pub use cpu::{CpuBackend, CpuBuffer, CpuGptqWeight};

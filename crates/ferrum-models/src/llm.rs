@@ -1,0 +1,127 @@
+//! `DecoderOnlyLLM`: what the engine needs from any decoder-only language
+//! model, independent of backend and weight format.
+
+use ferrum_types::{FerrumError, Result};
+
+/// Environment variable that caps the per-sequence KV capacity (tokens).
+pub const KV_CAPACITY_ENV: &str = "FERRUM_KV_CAPACITY";
+
+/// The execution-facing facts about a model: enough for the engine to size
+/// KV caches, bound the sampler and plan batches. Architecture details
+/// (head counts per layer type, MLP width, RoPE settings) stay private to
+/// each model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LlmRuntimeConfig {
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    /// The longest context the model was trained for.
+    pub max_seq_len: usize,
+}
+
+/// Per-sequence KV capacity: `FERRUM_KV_CAPACITY` when it is set to a
+/// positive integer, never more than `max_seq_len`; `max_seq_len` otherwise.
+/// A value that does not parse is ignored rather than failing a load.
+pub fn kv_capacity_from_env(max_seq_len: usize) -> usize {
+    std::env::var(KV_CAPACITY_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&v| v > 0)
+        .map_or(max_seq_len, |v| v.min(max_seq_len))
+}
+
+/// A decoder-only language model with its own per-sequence KV caches.
+///
+/// Sequences are named by a `cache_id` chosen by the caller. `prefill`
+/// consumes a prompt and creates or extends that sequence's cache; `decode`
+/// appends one token; both return next-token logits (`vocab_size` floats).
+/// `release` frees a sequence.
+///
+/// Callers check [`DecoderOnlyLLM::kv_capacity`] against
+/// [`DecoderOnlyLLM::kv_len`] before extending a sequence: the infallible
+/// signatures below leave a model no way to report an overflow other than
+/// panicking.
+pub trait DecoderOnlyLLM: Send + Sync {
+    /// The runtime-facing configuration.
+    fn config(&self) -> &LlmRuntimeConfig;
+
+    /// Runs `tokens` through the model at the end of `cache_id`'s cache
+    /// (creating it if needed) and returns the logits after the last one.
+    fn prefill(&mut self, cache_id: &str, tokens: &[u32]) -> Vec<f32>;
+
+    /// Runs one token at position `pos` (the number of tokens already in the
+    /// sequence) and returns the next-token logits.
+    fn decode(&mut self, cache_id: &str, token: u32, pos: u32) -> Vec<f32>;
+
+    /// Frees `cache_id`'s KV cache (no-op if unknown).
+    fn release(&mut self, cache_id: &str);
+
+    /// Number of positions currently cached for `cache_id` (0 if unknown).
+    ///
+    /// Not in the original seed interface; added because the default
+    /// [`DecoderOnlyLLM::forward_verify`] must know where the sequence ends
+    /// to give each token its true position, and because callers need it to
+    /// check capacity before a write.
+    fn kv_len(&self, cache_id: &str) -> usize;
+
+    /// Hint that calls on `cache_id` will carry at most `max_tokens` tokens,
+    /// so the model can allocate scratch and the KV cache now instead of
+    /// on the first timed call. Default: nothing to do.
+    fn prepare(&mut self, _cache_id: &str, _max_tokens: usize) {}
+
+    /// The most positions one sequence can hold: `FERRUM_KV_CAPACITY` when
+    /// set, clamped to `max_seq_len`. Models that reserve less override it.
+    fn kv_capacity(&self) -> usize {
+        kv_capacity_from_env(self.config().max_seq_len)
+    }
+
+    /// Decodes one token for each `(cache_id, token, pos)` and returns the
+    /// logits in the same order. Default: one `decode` per entry; models
+    /// with a batched path run a single GEMM with `m = batch.len()`.
+    fn decode_batch(&mut self, batch: &[(String, u32, u32)]) -> Vec<Vec<f32>> {
+        batch
+            .iter()
+            .map(|(id, tok, pos)| self.decode(id, *tok, *pos))
+            .collect()
+    }
+
+    /// Appends `tokens` at the end of `cache_id` and returns the logits after
+    /// each of them, position-major (`tokens.len() × vocab_size`). Speculative
+    /// decoding verifies a draft with it in one pass. Default: a `decode`
+    /// loop starting at [`DecoderOnlyLLM::kv_len`].
+    fn forward_verify(&mut self, cache_id: &str, tokens: &[u32]) -> Vec<f32> {
+        let start = self.kv_len(cache_id);
+        let mut out = Vec::with_capacity(tokens.len() * self.config().vocab_size);
+        for (i, &tok) in tokens.iter().enumerate() {
+            out.extend(self.decode(cache_id, tok, (start + i) as u32));
+        }
+        out
+    }
+
+    /// Mixed batch of prefill chunks and decodes in one forward pass (the
+    /// chunked-prefill path). Each item is `(cache_id, tokens, pos_offset,
+    /// is_final_chunk)`; the result holds `Some(logits of the last token)`
+    /// for final chunks and `None` for intermediate ones. Default:
+    /// `Unsupported`, and the engine falls back to `prefill` +
+    /// `decode_batch`.
+    fn unified_forward(
+        &mut self,
+        _items: &[(String, Vec<u32>, usize, bool)],
+    ) -> Result<Vec<Option<Vec<f32>>>> {
+        Err(FerrumError::unsupported(
+            "unified_forward is not implemented by this model",
+        ))
+    }
+
+    /// Rolls `cache_id` back to its first `new_len` positions (speculative
+    /// decoding's rejection path). The default panics: a model that cannot
+    /// roll back must not pretend it did, and the signature has no error.
+    fn truncate_kv(&mut self, cache_id: &str, new_len: usize) {
+        panic!("truncate_kv({cache_id}, {new_len}) is not supported by this model");
+    }
+
+    /// Drops every sequence's cached state.
+    fn reset(&mut self) {}
+}

@@ -1,0 +1,14 @@
+//! Types shared by every Ferrum crate: the one error type, the host tensor
+//! handle and the decode-execution interface.
+//!
+//! This crate sits at the bottom of the dependency graph
+//! (types -> kernels -> models -> engine -> server/cli) and depends on no
+//! other Ferrum crate.
+
+mod decode_backend;
+mod error;
+mod tensor;
+
+pub use decode_backend::DecodeBackend;
+pub use error::{FerrumError, Result};
+pub use tensor::TensorRef;
