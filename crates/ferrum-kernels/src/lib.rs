@@ -6,6 +6,7 @@
 
 mod backend;
 pub mod cpu;
+pub mod quant;
 
 pub use backend::{AttnConfig, Backend, GgufQuantType, KvCache, QuantKind, QuantWeights, ReduceOp};
 pub use cpu::{CpuBackend, CpuBuffer, CpuGptqWeight};

@@ -1,5 +1,5 @@
-//! Types shared by every Ferrum crate: the one error type, the host tensor
-//! handle and the decode-execution interface.
+//! Types shared by every Ferrum crate: the one error type, the ggml tensor
+//! types, the host tensor handle and the decode-execution interface.
 //!
 //! This crate sits at the bottom of the dependency graph
 //! (types -> kernels -> models -> engine -> server/cli) and depends on no
@@ -7,8 +7,10 @@
 
 mod decode_backend;
 mod error;
+mod ggml;
 mod tensor;
 
 pub use decode_backend::DecodeBackend;
 pub use error::{FerrumError, Result};
+pub use ggml::GgmlType;
 pub use tensor::TensorRef;

@@ -1,0 +1,147 @@
+//! The 256-value "k-quant" super-block formats (Q2_K … Q8_K).
+
+use super::f16_at;
+
+/// Scale and min of sub-block `j` from the 12-byte packed 6-bit table of
+/// Q4_K / Q5_K.
+#[inline]
+pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Q2_K: `scales[16] qs[64] d dmin`; each sub-block of 16 has a 4-bit scale
+/// and a 4-bit min.
+pub(super) fn q2_k(b: &[u8], out: &mut [f32]) {
+    let (scales, qs) = (&b[0..16], &b[16..80]);
+    let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
+    let mut is = 0;
+    for half in 0..2 {
+        let q = &qs[half * 32..half * 32 + 32];
+        for j in 0..4 {
+            let shift = 2 * j;
+            for part in 0..2 {
+                let sc = scales[is];
+                is += 1;
+                let (dl, ml) = (d * (sc & 0xF) as f32, dmin * (sc >> 4) as f32);
+                let base = half * 128 + j * 32 + part * 16;
+                for l in 0..16 {
+                    out[base + l] = dl * ((q[part * 16 + l] >> shift) & 3) as f32 - ml;
+                }
+            }
+        }
+    }
+}
+
+/// Q3_K: `hmask[32] qs[64] scales[12] d`; 6-bit signed scales (offset 32)
+/// and a high bit per value in `hmask` (cleared bit means subtract 4).
+pub(super) fn q3_k(b: &[u8], out: &mut [f32]) {
+    let (hmask, qs, packed) = (&b[0..32], &b[32..96], &b[96..108]);
+    let d = f16_at(b, 108);
+    let mut scales = [0i8; 16];
+    for (i, s) in scales.iter_mut().enumerate() {
+        let low = if i < 8 {
+            packed[i] & 0xF
+        } else {
+            packed[i - 8] >> 4
+        };
+        let high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
+        *s = (low | (high << 4)) as i8 - 32;
+    }
+    let mut is = 0;
+    let mut m = 1u8;
+    for half in 0..2 {
+        let q = &qs[half * 32..half * 32 + 32];
+        for j in 0..4 {
+            let shift = 2 * j;
+            for part in 0..2 {
+                let dl = d * scales[is] as f32;
+                is += 1;
+                let base = half * 128 + j * 32 + part * 16;
+                for l in 0..16 {
+                    let idx = part * 16 + l;
+                    let low = ((q[idx] >> shift) & 3) as i32;
+                    let sub = if hmask[idx] & m != 0 { 0 } else { 4 };
+                    out[base + l] = dl * (low - sub) as f32;
+                }
+            }
+            m <<= 1;
+        }
+    }
+}
+
+/// Q4_K: `d dmin scales[12] qs[128]`; eight sub-blocks of 32 with 6-bit
+/// scales and mins.
+pub(super) fn q4_k(b: &[u8], out: &mut [f32]) {
+    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+    let (scales, qs) = (&b[4..16], &b[16..144]);
+    for c in 0..4 {
+        let q = &qs[c * 32..c * 32 + 32];
+        let (s1, m1) = scale_min_k4(2 * c, scales);
+        let (s2, m2) = scale_min_k4(2 * c + 1, scales);
+        let (d1, m1) = (d * s1 as f32, dmin * m1 as f32);
+        let (d2, m2) = (d * s2 as f32, dmin * m2 as f32);
+        for l in 0..32 {
+            out[c * 64 + l] = d1 * (q[l] & 0xF) as f32 - m1;
+            out[c * 64 + 32 + l] = d2 * (q[l] >> 4) as f32 - m2;
+        }
+    }
+}
+
+/// Q5_K: Q4_K plus `qh[32]` holding the fifth bit of every value.
+pub(super) fn q5_k(b: &[u8], out: &mut [f32]) {
+    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+    let (scales, qh, qs) = (&b[4..16], &b[16..48], &b[48..176]);
+    for c in 0..4 {
+        let q = &qs[c * 32..c * 32 + 32];
+        let (u1, u2) = (1u8 << (2 * c), 2u8 << (2 * c));
+        let (s1, m1) = scale_min_k4(2 * c, scales);
+        let (s2, m2) = scale_min_k4(2 * c + 1, scales);
+        let (d1, m1) = (d * s1 as f32, dmin * m1 as f32);
+        let (d2, m2) = (d * s2 as f32, dmin * m2 as f32);
+        for l in 0..32 {
+            let h1 = if qh[l] & u1 != 0 { 16 } else { 0 };
+            let h2 = if qh[l] & u2 != 0 { 16 } else { 0 };
+            out[c * 64 + l] = d1 * ((q[l] & 0xF) + h1) as f32 - m1;
+            out[c * 64 + 32 + l] = d2 * ((q[l] >> 4) + h2) as f32 - m2;
+        }
+    }
+}
+
+/// Q6_K: `ql[128] qh[64] scales[16] d`; 6-bit values offset by 32, one
+/// signed 8-bit scale per 16 values.
+pub(super) fn q6_k(b: &[u8], out: &mut [f32]) {
+    let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
+    let d = f16_at(b, 208);
+    for half in 0..2 {
+        let (ql, qh) = (&ql[half * 64..], &qh[half * 32..]);
+        let sc = &sc[half * 8..];
+        let y = &mut out[half * 128..];
+        for l in 0..32 {
+            let is = l / 16;
+            let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
+            let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+            let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+            let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+            y[l] = d * sc[is] as i8 as f32 * q1 as f32;
+            y[l + 32] = d * sc[is + 2] as i8 as f32 * q2 as f32;
+            y[l + 64] = d * sc[is + 4] as i8 as f32 * q3 as f32;
+            y[l + 96] = d * sc[is + 6] as i8 as f32 * q4 as f32;
+        }
+    }
+}
+
+/// Q8_K: `d (f32) qs[256] bsums[16]`; the activation format of k-quant dot
+/// products. `bsums` are redundant sums and not needed to dequantize.
+pub(super) fn q8_k(b: &[u8], out: &mut [f32]) {
+    let d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    for (o, &q) in out.iter_mut().zip(&b[4..260]) {
+        *o = q as i8 as f32 * d;
+    }
+}

@@ -1,0 +1,77 @@
+//! GGUF quantized block formats: dequantization to f32.
+//!
+//! The layouts follow ggml's `block_*` structs byte for byte; each function
+//! takes whole blocks and writes `block_size` values per block. They are the
+//! reference the quantized GEMM kernels are tested against, and the path that
+//! loads small tensors (norms, biases) into f32.
+
+mod kquants;
+mod legacy;
+
+use ferrum_types::{FerrumError, GgmlType, Result};
+use half::{bf16, f16};
+
+/// Reads a little-endian f16 at `b[i..i + 2]` as f32.
+#[inline]
+pub(crate) fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// Dequantizes `bytes` (whole blocks of `ty`) into `out`, which must hold
+/// exactly the number of values those blocks encode.
+pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<()> {
+    let (bs, bb) = (ty.block_size(), ty.block_bytes());
+    if bytes.len() % bb != 0 || bytes.len() / bb * bs != out.len() {
+        return Err(FerrumError::invalid(format!(
+            "dequantize {ty}: {} bytes do not encode {} values ({bs} values per {bb}-byte block)",
+            bytes.len(),
+            out.len()
+        )));
+    }
+    let blocks = bytes.chunks_exact(bb).zip(out.chunks_exact_mut(bs));
+    use GgmlType as T;
+    match ty {
+        T::F32 => blocks.for_each(|(b, o)| o[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        T::F16 => blocks.for_each(|(b, o)| o[0] = f16_at(b, 0)),
+        T::BF16 => blocks.for_each(|(b, o)| o[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+        T::Q4_0 => blocks.for_each(|(b, o)| legacy::q4_0(b, o)),
+        T::Q4_1 => blocks.for_each(|(b, o)| legacy::q4_1(b, o)),
+        T::Q5_0 => blocks.for_each(|(b, o)| legacy::q5_0(b, o)),
+        T::Q5_1 => blocks.for_each(|(b, o)| legacy::q5_1(b, o)),
+        T::Q8_0 => blocks.for_each(|(b, o)| legacy::q8_0(b, o)),
+        T::Q2_K => blocks.for_each(|(b, o)| kquants::q2_k(b, o)),
+        T::Q3_K => blocks.for_each(|(b, o)| kquants::q3_k(b, o)),
+        T::Q4_K => blocks.for_each(|(b, o)| kquants::q4_k(b, o)),
+        T::Q5_K => blocks.for_each(|(b, o)| kquants::q5_k(b, o)),
+        T::Q6_K => blocks.for_each(|(b, o)| kquants::q6_k(b, o)),
+        T::Q8_K => blocks.for_each(|(b, o)| kquants::q8_k(b, o)),
+        other => {
+            return Err(FerrumError::unsupported(format!(
+                "dequantizing {other} tensors is not supported"
+            )))
+        }
+    }
+    Ok(())
+}
+
+/// Whether [`dequantize`] handles `ty`.
+pub fn can_dequantize(ty: GgmlType) -> bool {
+    use GgmlType as T;
+    matches!(
+        ty,
+        T::F32
+            | T::F16
+            | T::BF16
+            | T::Q4_0
+            | T::Q4_1
+            | T::Q5_0
+            | T::Q5_1
+            | T::Q8_0
+            | T::Q2_K
+            | T::Q3_K
+            | T::Q4_K
+            | T::Q5_K
+            | T::Q6_K
+            | T::Q8_K
+    )
+}
