@@ -1,7 +1,12 @@
 //! `ferrum`: run, serve, embed and benchmark LLMs from one binary.
 
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
+
+mod commands;
+mod model_files;
 
 /// Ferrum: a Rust-native LLM inference engine.
 ///
@@ -16,21 +21,37 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Show what a model file is: architecture, size, tensor types, tokenizer.
+    Inspect(commands::inspect::InspectArgs),
+    /// Print the token ids of a text.
+    Tokenize(commands::tokenize::TokenizeArgs),
     /// Print the compute capabilities Ferrum detected on this machine.
     SystemInfo,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
-        Command::SystemInfo => system_info(),
+    let result = match Cli::parse().command {
+        Command::Inspect(a) => commands::inspect::run(a),
+        Command::Tokenize(a) => commands::tokenize::run(a),
+        Command::SystemInfo => {
+            system_info();
+            Ok(())
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line naming the problem, no backtrace.
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
     }
-    Ok(())
 }
 
 fn system_info() {

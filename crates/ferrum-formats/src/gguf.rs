@@ -163,6 +163,10 @@ impl GgufFile {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let file = File::open(&path).map_err(|e| FerrumError::io(&path, e))?;
+        let meta = file.metadata().map_err(|e| FerrumError::io(&path, e))?;
+        if !meta.is_file() {
+            return Err(FerrumError::bad_file(&path, "not a regular file"));
+        }
         // SAFETY: the map is read-only; a file truncated underneath us by
         // another process is outside what any mmap-based reader can defend.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| FerrumError::io(&path, e))?;

@@ -6,3 +6,5 @@
 //! [`ferrum_types::FerrumError::BadFile`] naming the file.
 
 pub mod gguf;
+pub mod hf_config;
+pub mod safetensors;

@@ -30,13 +30,10 @@ pub enum FerrumError {
     #[error("context overflow: {needed} tokens needed but the KV capacity is {capacity}")]
     ContextOverflow { needed: usize, capacity: usize },
 
-    /// An I/O failure, with the path it concerned.
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// An I/O failure, with the path it concerned. The OS error is part of
+    /// the message (not a separate cause) so it is printed once.
+    #[error("{path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
 
     /// A device (GPU driver, runtime compiler) failure.
     #[error("device error: {0}")]
@@ -63,10 +60,10 @@ impl FerrumError {
     }
 
     /// Shorthand for [`FerrumError::Io`].
-    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub fn io(path: impl Into<PathBuf>, err: std::io::Error) -> Self {
         Self::Io {
             path: path.into(),
-            source,
+            err,
         }
     }
 

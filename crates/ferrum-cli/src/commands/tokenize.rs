@@ -1,0 +1,43 @@
+//! `ferrum tokenize`: print the token ids of a text.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+
+use crate::model_files::ModelFiles;
+
+#[derive(Args)]
+pub struct TokenizeArgs {
+    /// Model whose tokenizer to use: a .gguf file or a Hugging Face folder.
+    #[arg(long)]
+    model: PathBuf,
+    /// Print one JSON array of ids on the last line instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Add the model's BOS/EOS (or CLS/SEP) tokens.
+    #[arg(long)]
+    add_special: bool,
+    /// Turn special-token text such as <|im_start|> into its token.
+    #[arg(long)]
+    parse_special: bool,
+    /// The text (put it after `--` if it starts with a dash).
+    #[arg(required = true, num_args = 1..)]
+    text: Vec<String>,
+}
+
+pub fn run(args: TokenizeArgs) -> Result<()> {
+    let tok = ModelFiles::open(&args.model)?.tokenizer()?;
+    let text = args.text.join(" ");
+    let ids = tok.encode(&text, args.add_special, args.parse_special)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&ids)?);
+        return Ok(());
+    }
+    for &id in &ids {
+        let piece = tok.token_text(id).unwrap_or("");
+        println!("{id:>8}  {piece:?}");
+    }
+    println!("{} tokens", ids.len());
+    Ok(())
+}

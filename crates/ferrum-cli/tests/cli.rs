@@ -1,0 +1,128 @@
+//! The `ferrum` binary as a user runs it.
+
+#![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn ferrum(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ferrum"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn model(name: &str) -> Option<String> {
+    let base = std::env::var_os("FERRUM_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrum/models")
+        });
+    let p = base.join(name);
+    if p.exists() {
+        Some(p.to_string_lossy().into_owned())
+    } else {
+        eprintln!(
+            "skipping: {} not found (run ../shared/models/fetch.sh)",
+            p.display()
+        );
+        None
+    }
+}
+
+#[test]
+fn help_lists_the_commands() {
+    let out = ferrum(&["--help"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for cmd in ["inspect", "tokenize", "system-info"] {
+        assert!(text.contains(cmd), "{text}");
+    }
+}
+
+#[test]
+fn tokenize_json_prints_the_ids_on_the_last_line() {
+    let Some(m) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let out = ferrum(&[
+        "tokenize",
+        "--model",
+        &m,
+        "--json",
+        "--",
+        "The capital of France is",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let ids: Vec<u32> = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    // The ids' correctness is established by the tokenizer crate's tests
+    // against llama.cpp's vectors; here the CLI must report the same.
+    let g = ferrum_formats::gguf::GgufFile::open(&m).unwrap();
+    let tok = ferrum_tokenizer::Tokenizer::from_gguf(&g).unwrap();
+    assert_eq!(
+        ids,
+        tok.encode("The capital of France is", false, false)
+            .unwrap()
+    );
+    assert_eq!(tok.decode(&ids, false), "The capital of France is");
+    let special = ferrum(&[
+        "tokenize",
+        "--model",
+        &m,
+        "--json",
+        "--parse-special",
+        "--",
+        "<|im_start|>",
+    ]);
+    assert_eq!(String::from_utf8(special.stdout).unwrap().trim(), "[1]");
+}
+
+#[test]
+fn inspect_describes_a_gguf() {
+    let Some(m) = model("gemma-3-270m-q4_k_m.gguf") else {
+        return;
+    };
+    let out = ferrum(&["inspect", "--model", &m]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for want in [
+        "architecture:   gemma3",
+        "layers:         18",
+        "vocab size:     262144",
+        "chat template:  no",
+        "Q4_K",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in\n{text}");
+    }
+}
+
+#[test]
+fn bad_models_fail_with_one_line() {
+    let junk = std::env::temp_dir().join(format!("ferrum-cli-junk-{}.gguf", std::process::id()));
+    std::fs::write(&junk, b"definitely not a model").unwrap();
+    let junk = junk.to_string_lossy().into_owned();
+    let mut cases = vec![
+        ("/nonexistent/model.gguf", "model not found"),
+        ("/dev/null", "not a regular file"),
+    ];
+    cases.push((junk.as_str(), "not a GGUF file"));
+    let truncated = model("truncated-qwen2-7b-q4_k_m.gguf.part0000");
+    if let Some(t) = &truncated {
+        cases.push((t.as_str(), "truncated"));
+    }
+    for (path, want) in cases {
+        let out = ferrum(&["inspect", "--model", path]);
+        assert!(!out.status.success(), "{path}");
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(err.lines().count(), 1, "{path}: {err}");
+        assert!(
+            err.contains(want) && err.contains("error:"),
+            "{path}: {err}"
+        );
+    }
+}

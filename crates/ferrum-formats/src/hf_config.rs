@@ -1,0 +1,208 @@
+//! Hugging Face `config.json` for the architectures Ferrum runs.
+//!
+//! Accepts both the transformers-5 layout (`rope_parameters`, per layer type
+//! for Gemma 3) and the older top-level `rope_theta` / `rope_scaling` used by
+//! most published checkpoints.
+
+use std::path::Path;
+
+use ferrum_types::{FerrumError, Result};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// RoPE settings of one attention type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeParams {
+    pub theta: f64,
+    /// `default`, `linear` or `llama3`.
+    pub rope_type: String,
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_max_position_embeddings: Option<usize>,
+}
+
+/// The fields of `config.json` Ferrum reads. Model code turns these into its
+/// own validated architecture description.
+#[derive(Clone, Debug, Deserialize)]
+pub struct HfConfig {
+    pub model_type: String,
+    #[serde(default)]
+    pub architectures: Vec<String>,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub vocab_size: usize,
+    pub max_position_embeddings: Option<usize>,
+    pub rms_norm_eps: Option<f64>,
+    pub layer_norm_eps: Option<f64>,
+    pub rope_theta: Option<f64>,
+    pub rope_scaling: Option<Value>,
+    pub rope_parameters: Option<Value>,
+    pub sliding_window: Option<usize>,
+    pub use_sliding_window: Option<bool>,
+    pub layer_types: Option<Vec<String>>,
+    pub tie_word_embeddings: Option<bool>,
+    pub query_pre_attn_scalar: Option<f64>,
+    pub final_logit_softcapping: Option<f64>,
+    pub attn_logit_softcapping: Option<f64>,
+    pub hidden_act: Option<String>,
+    pub hidden_activation: Option<String>,
+    pub attention_bias: Option<bool>,
+    #[serde(alias = "num_local_experts")]
+    pub num_experts: Option<usize>,
+    pub num_experts_per_tok: Option<usize>,
+    pub moe_intermediate_size: Option<usize>,
+    pub norm_topk_prob: Option<bool>,
+    pub decoder_sparse_step: Option<usize>,
+    #[serde(default)]
+    pub mlp_only_layers: Vec<usize>,
+    pub type_vocab_size: Option<usize>,
+    pub bos_token_id: Option<Value>,
+    pub eos_token_id: Option<Value>,
+}
+
+fn rope_from(v: &Value, fallback_theta: f64) -> RopeParams {
+    let f = |k: &str| v.get(k).and_then(Value::as_f64);
+    RopeParams {
+        theta: f("rope_theta").unwrap_or(fallback_theta),
+        rope_type: v
+            .get("rope_type")
+            .or_else(|| v.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("default")
+            .to_string(),
+        factor: f("factor").unwrap_or(1.0),
+        low_freq_factor: f("low_freq_factor").unwrap_or(1.0),
+        high_freq_factor: f("high_freq_factor").unwrap_or(4.0),
+        original_max_position_embeddings: v
+            .get("original_max_position_embeddings")
+            .and_then(Value::as_u64)
+            .map(|x| x as usize),
+    }
+}
+
+impl HfConfig {
+    /// Reads and parses `path`.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| FerrumError::io(path, e))?;
+        Self::parse(&text).map_err(|e| FerrumError::bad_file(path, e))
+    }
+
+    /// Parses config text; the error says which field is wrong.
+    pub fn parse(text: &str) -> std::result::Result<Self, String> {
+        let cfg: Self =
+            serde_json::from_str(text).map_err(|e| format!("invalid config.json: {e}"))?;
+        if cfg.num_attention_heads == 0 || cfg.hidden_size == 0 || cfg.num_hidden_layers == 0 {
+            return Err(
+                "hidden_size, num_hidden_layers and num_attention_heads must be positive".into(),
+            );
+        }
+        if cfg.head_dim.is_none() && cfg.hidden_size % cfg.num_attention_heads != 0 {
+            return Err(format!(
+                "hidden_size {} is not divisible by num_attention_heads {} and no head_dim is given",
+                cfg.hidden_size, cfg.num_attention_heads
+            ));
+        }
+        let kv = cfg.num_kv_heads();
+        if kv == 0 || cfg.num_attention_heads % kv != 0 {
+            return Err(format!(
+                "num_attention_heads {} is not a multiple of num_key_value_heads {kv}",
+                cfg.num_attention_heads
+            ));
+        }
+        if let Some(lt) = &cfg.layer_types {
+            if lt.len() != cfg.num_hidden_layers {
+                return Err(format!(
+                    "layer_types has {} entries for {} layers",
+                    lt.len(),
+                    cfg.num_hidden_layers
+                ));
+            }
+        }
+        Ok(cfg)
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads)
+    }
+
+    pub fn num_kv_heads(&self) -> usize {
+        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+    }
+
+    /// RoPE parameters for layers of `layer_type` (e.g. `sliding_attention`);
+    /// `None` for models with one setting.
+    pub fn rope(&self, layer_type: Option<&str>) -> RopeParams {
+        let theta = self.rope_theta.unwrap_or(10_000.0);
+        if let Some(p) = &self.rope_parameters {
+            // Per-layer-type map (Gemma 3) or a single parameter object.
+            if let Some(per_type) = layer_type.and_then(|t| p.get(t)) {
+                return rope_from(per_type, theta);
+            }
+            if p.get("rope_theta").is_some() || p.get("rope_type").is_some() {
+                return rope_from(p, theta);
+            }
+        }
+        match &self.rope_scaling {
+            Some(s) if s.is_object() => rope_from(s, theta),
+            _ => rope_from(&Value::Null, theta),
+        }
+    }
+
+    /// Whether layer `i` uses sliding-window attention: `layer_types` when
+    /// present (the authority), else every layer when a window is set.
+    pub fn is_sliding_layer(&self, i: usize) -> bool {
+        match &self.layer_types {
+            Some(t) => t.get(i).is_some_and(|s| s == "sliding_attention"),
+            None => self.sliding_window.is_some() && self.use_sliding_window != Some(false),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn old_and_new_rope_layouts() {
+        let old = r#"{"model_type":"llama","hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
+            "num_attention_heads":4,"vocab_size":10,"rope_theta":500000.0,
+            "rope_scaling":{"rope_type":"llama3","factor":8.0,"original_max_position_embeddings":8192}}"#;
+        let c = HfConfig::parse(old).unwrap();
+        let r = c.rope(None);
+        assert_eq!(
+            (r.theta, r.rope_type.as_str(), r.factor),
+            (500000.0, "llama3", 8.0)
+        );
+        assert_eq!(r.original_max_position_embeddings, Some(8192));
+        assert_eq!((c.head_dim(), c.num_kv_heads()), (16, 4));
+
+        let new = r#"{"model_type":"gemma3_text","hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
+            "num_attention_heads":4,"num_key_value_heads":2,"head_dim":32,"vocab_size":10,
+            "layer_types":["sliding_attention","full_attention"],"sliding_window":8,
+            "rope_parameters":{"full_attention":{"rope_theta":1e6},"sliding_attention":{"rope_theta":1e4}}}"#;
+        let c = HfConfig::parse(new).unwrap();
+        assert_eq!(c.rope(Some("full_attention")).theta, 1e6);
+        assert_eq!(c.rope(Some("sliding_attention")).theta, 1e4);
+        assert!(c.is_sliding_layer(0) && !c.is_sliding_layer(1));
+    }
+
+    #[test]
+    fn inconsistent_configs_are_rejected() {
+        let bad = r#"{"model_type":"llama","hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
+            "num_attention_heads":4,"num_key_value_heads":3,"vocab_size":10}"#;
+        assert!(HfConfig::parse(bad)
+            .unwrap_err()
+            .contains("num_key_value_heads"));
+        assert!(HfConfig::parse("{").is_err());
+        assert!(HfConfig::parse(r#"{"model_type":"llama"}"#)
+            .unwrap_err()
+            .contains("hidden_size"));
+    }
+}
