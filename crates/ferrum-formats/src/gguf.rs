@@ -379,7 +379,9 @@ fn read_value(c: &mut Cursor, t: u32, key: &str, depth: u32) -> ParseResult<Meta
             }
             let et = c.u32(&format!("element type of {key}"))?;
             let n = c.count(&format!("length of array {key}"), min_value_size(et))?;
-            let mut items = Vec::with_capacity(n);
+            // `n` is bounded by the bytes left, but a MetaValue is larger
+            // than its encoding: reserve modestly and let real data grow it.
+            let mut items = Vec::with_capacity(n.min(4096));
             for _ in 0..n {
                 items.push(read_value(c, et, key, depth + 1)?);
             }
