@@ -23,6 +23,10 @@ struct Cli {
 enum Command {
     /// Show what a model file is: architecture, size, tensor types, tokenizer.
     Inspect(commands::inspect::InspectArgs),
+    /// Chat with a model, or complete one --prompt.
+    Run(commands::run::RunArgs),
+    /// Measure perplexity on a text file (llama-perplexity's method).
+    Perplexity(commands::perplexity::PerplexityArgs),
     /// Print the token ids of a text.
     Tokenize(commands::tokenize::TokenizeArgs),
     /// Print the compute capabilities Ferrum detected on this machine.
@@ -32,12 +36,15 @@ enum Command {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new("warn,ferrum=info")),
         )
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().command {
         Command::Inspect(a) => commands::inspect::run(a),
+        Command::Run(a) => commands::run::run(a),
+        Command::Perplexity(a) => commands::perplexity::run(a),
         Command::Tokenize(a) => commands::tokenize::run(a),
         Command::SystemInfo => {
             system_info();

@@ -1,10 +1,67 @@
-//! What a `--model` path points at: a GGUF file or a Hugging Face folder.
+//! Finding and opening models: `--model` takes a path or an alias.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{bail, Result};
 use ferrum_formats::gguf::GgufFile;
+use ferrum_kernels::CpuBackend;
+use ferrum_models::llama::LlamaModel;
+use ferrum_models::DecoderOnlyLLM;
 use ferrum_tokenizer::Tokenizer;
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// The model `ferrum run` uses when none is given.
+pub const DEFAULT_MODEL: &str = "smollm2";
+
+/// Short names for the models Ferrum is tested with, and their file or
+/// folder in the model cache.
+pub const ALIASES: &[(&str, &str)] = &[
+    ("smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    (
+        "qwen2.5-coder:0.5b",
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    ),
+    (
+        "qwen2.5-coder:1.5b",
+        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    ),
+    ("gemma3:270m", "gemma-3-270m-q4_k_m.gguf"),
+    ("minilm", "all-MiniLM-L6-v2"),
+];
+
+/// The model cache: `$FERRUM_MODELS`, else `~/.cache/ferrum/models`.
+pub fn cache_dir() -> PathBuf {
+    match std::env::var_os("FERRUM_MODELS") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrum/models")
+        }
+    }
+}
+
+/// A path as given, or an alias resolved in the model cache.
+pub fn resolve(model: &str) -> Result<PathBuf> {
+    let p = Path::new(model);
+    if p.exists() {
+        return Ok(p.to_path_buf());
+    }
+    if let Some((_, file)) = ALIASES.iter().find(|(a, _)| *a == model) {
+        let cached = cache_dir().join(file);
+        if cached.exists() {
+            return Ok(cached);
+        }
+        bail!(
+            "model '{model}' is not in the cache ({}); fetch it with ../shared/models/fetch.sh",
+            cached.display()
+        );
+    }
+    let names: Vec<&str> = ALIASES.iter().map(|(a, _)| *a).collect();
+    bail!(
+        "model not found: {model} (give a .gguf file, a Hugging Face folder, or one of: {})",
+        names.join(", ")
+    )
+}
 
 pub enum ModelFiles {
     Gguf(GgufFile),
@@ -36,5 +93,22 @@ impl ModelFiles {
             Self::Gguf(g) => Tokenizer::from_gguf(g)?,
             Self::HfDir(d) => Tokenizer::from_hf_dir(d)?,
         })
+    }
+
+    /// Loads the weights onto the CPU backend, with a spinner on stderr.
+    pub fn load_llm(&self) -> Result<Box<dyn DecoderOnlyLLM>> {
+        let bar = ProgressBar::new_spinner();
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        bar.set_message("loading model");
+        bar.enable_steady_tick(Duration::from_millis(120));
+        let model: Result<Box<dyn DecoderOnlyLLM>> = match self {
+            Self::Gguf(g) => Ok(Box::new(LlamaModel::<CpuBackend>::from_gguf(g)?)),
+            Self::HfDir(d) => Ok(Box::new(LlamaModel::<CpuBackend>::from_hf_dir(d)?)),
+        };
+        bar.finish_and_clear();
+        model
     }
 }

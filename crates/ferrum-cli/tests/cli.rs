@@ -126,3 +126,121 @@ fn bad_models_fail_with_one_line() {
         );
     }
 }
+
+fn ferrum_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ferrum"));
+    c.args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+#[test]
+fn run_one_shot_prints_only_the_completion() {
+    let Some(m) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let out = ferrum(&[
+        "run",
+        "--model",
+        &m,
+        "--prompt",
+        "The capital of France is",
+        "--temperature",
+        "0",
+        "-n",
+        "3",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with(" Paris"), "{text:?}");
+    // Same seed, same sampled text.
+    let sample = |seed: &str| {
+        let o = ferrum(&[
+            "run",
+            "--model",
+            &m,
+            "--prompt",
+            "Once upon a time",
+            "--seed",
+            seed,
+            "-n",
+            "12",
+        ]);
+        String::from_utf8(o.stdout).unwrap()
+    };
+    assert_eq!(sample("3"), sample("3"));
+}
+
+#[test]
+fn run_refuses_what_it_cannot_do() {
+    if let Some(g) = model("gemma-3-270m-q4_k_m.gguf") {
+        let out = ferrum(&["run", "--model", &g]);
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(
+            !out.status.success() && err.contains("no chat template"),
+            "{err}"
+        );
+    }
+    let Some(m) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let long = "word ".repeat(40);
+    let out = ferrum_env(
+        &["run", "--model", &m, "--prompt", &long],
+        &[("FERRUM_KV_CAPACITY", "16")],
+    );
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        !out.status.success() && err.contains("context overflow"),
+        "{err}"
+    );
+    let out = ferrum(&["run", "--model", &m, "--prompt", "x", "--top-p", "1.5"]);
+    assert!(String::from_utf8(out.stderr).unwrap().contains("top_p"));
+    let out = ferrum(&["run", "--model", "no-such-alias"]);
+    assert!(
+        String::from_utf8(out.stderr).unwrap().contains("smollm2"),
+        "lists the aliases"
+    );
+}
+
+#[test]
+fn perplexity_json_is_the_last_line() {
+    let Some(m) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let text = "The quick brown fox jumps over the lazy dog. ".repeat(60);
+    let file = std::env::temp_dir().join(format!("ferrum-ppl-{}.txt", std::process::id()));
+    std::fs::write(&file, text).unwrap();
+    let out = ferrum(&[
+        "perplexity",
+        "--model",
+        &m,
+        "--file",
+        file.to_str().unwrap(),
+        "--ctx",
+        "128",
+        "--chunks",
+        "2",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        (v["chunks"].as_u64(), v["tokens"].as_u64()),
+        (Some(2), Some(256))
+    );
+    // A repeated sentence is nearly certain after the first copy.
+    let ppl = v["ppl"].as_f64().unwrap();
+    assert!(ppl > 1.0 && ppl < 1.5, "{ppl}");
+}

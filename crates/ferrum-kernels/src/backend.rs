@@ -367,6 +367,18 @@ pub trait Backend: Send + Sync + Sized + 'static {
         im: usize,
     );
 
+    /// `out[t, i] = gelu_tanh(gate_up[t, i]) · gate_up[t, im + i]`: GeGLU
+    /// with the tanh approximation of GELU (Gemma's `gelu_pytorch_tanh`).
+    /// Not in the original seed; the second gated activation models use,
+    /// with the same shape contract as `fused_silu_mul_split`.
+    fn fused_gelu_tanh_mul_split(
+        ctx: &mut Self::Context,
+        gate_up: &Self::Buffer,
+        out: &mut Self::Buffer,
+        tokens: usize,
+        im: usize,
+    );
+
     /// Prepares Q, K or V for attention: token-major `[tokens, heads,
     /// head_dim]` in, head-major `[heads, tokens, head_dim]` out.
     ///

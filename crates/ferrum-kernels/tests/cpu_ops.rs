@@ -636,6 +636,20 @@ fn activations_and_adds() {
         B::fused_silu_mul_split(&mut (), &buf(&gu), &mut out, tokens, im);
         assert_close("silu_mul", &out, &want, |i| 2e-6 * (1.0 + want[i].abs()));
 
+        let want: Vec<f64> = (0..tokens * im)
+            .map(|i| {
+                let (t, c) = (i / im, i % im);
+                let g = gu[t * 2 * im + c] as f64;
+                let z = (2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g);
+                0.5 * g * (1.0 + z.tanh()) * gu[t * 2 * im + im + c] as f64
+            })
+            .collect();
+        let mut out = B::from_slice(&vec![f32::NAN; tokens * im]);
+        B::fused_gelu_tanh_mul_split(&mut (), &buf(&gu), &mut out, tokens, im);
+        assert_close("gelu_tanh_mul", &out, &want, |i| {
+            2e-6 * (1.0 + want[i].abs())
+        });
+
         let n = tokens * im;
         let x = &gu[..n];
         let mut out = B::from_slice(&vec![f32::NAN; n]);

@@ -1,6 +1,8 @@
 //! Model architectures for Ferrum and the interface the engine drives them
 //! through ([`DecoderOnlyLLM`]).
 
+pub mod llama;
 mod llm;
+pub mod rope;
 
 pub use llm::{kv_capacity_from_env, DecoderOnlyLLM, LlmRuntimeConfig, KV_CAPACITY_ENV};

@@ -22,14 +22,17 @@ pub struct LlmRuntimeConfig {
 }
 
 /// Per-sequence KV capacity: `FERRUM_KV_CAPACITY` when it is set to a
-/// positive integer, never more than `max_seq_len`; `max_seq_len` otherwise.
-/// A value that does not parse is ignored rather than failing a load.
-pub fn kv_capacity_from_env(max_seq_len: usize) -> usize {
+/// positive integer, else `default`; never more than `max_seq_len`, never
+/// less than 1. A value that does not parse is ignored rather than failing
+/// a load.
+pub fn kv_capacity_from_env(max_seq_len: usize, default: usize) -> usize {
     std::env::var(KV_CAPACITY_ENV)
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok())
         .filter(|&v| v > 0)
-        .map_or(max_seq_len, |v| v.min(max_seq_len))
+        .unwrap_or(default)
+        .min(max_seq_len)
+        .max(1)
 }
 
 /// A decoder-only language model with its own per-sequence KV caches.
@@ -74,7 +77,8 @@ pub trait DecoderOnlyLLM: Send + Sync {
     /// The most positions one sequence can hold: `FERRUM_KV_CAPACITY` when
     /// set, clamped to `max_seq_len`. Models that reserve less override it.
     fn kv_capacity(&self) -> usize {
-        kv_capacity_from_env(self.config().max_seq_len)
+        let max = self.config().max_seq_len;
+        kv_capacity_from_env(max, max)
     }
 
     /// Decodes one token for each `(cache_id, token, pos)` and returns the

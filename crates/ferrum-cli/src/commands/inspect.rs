@@ -1,21 +1,19 @@
 //! `ferrum inspect`: what a model file is, without loading its weights.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-
 use anyhow::Result;
 use clap::Args;
 use ferrum_formats::gguf::GgufFile;
 use ferrum_formats::hf_config::HfConfig;
 use ferrum_formats::safetensors::SafeTensors;
+use std::collections::BTreeMap;
 
-use crate::model_files::ModelFiles;
+use crate::model_files::{resolve, ModelFiles};
 
 #[derive(Args)]
 pub struct InspectArgs {
-    /// A .gguf file or a Hugging Face model folder.
+    /// A .gguf file, a Hugging Face model folder, or an alias (smollm2 ...).
     #[arg(long)]
-    model: PathBuf,
+    model: String,
 }
 
 /// "1.23B", "494.0M" ...
@@ -29,7 +27,7 @@ fn human(n: u64) -> String {
 }
 
 pub fn run(args: InspectArgs) -> Result<()> {
-    let files = ModelFiles::open(&args.model)?;
+    let files = ModelFiles::open(&resolve(&args.model)?)?;
     let tok = files.tokenizer();
     match &files {
         ModelFiles::Gguf(g) => print_gguf(g),

@@ -1,4 +1,6 @@
 //! One module per subcommand.
 
 pub mod inspect;
+pub mod perplexity;
+pub mod run;
 pub mod tokenize;

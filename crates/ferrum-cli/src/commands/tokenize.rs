@@ -1,17 +1,15 @@
 //! `ferrum tokenize`: print the token ids of a text.
 
-use std::path::PathBuf;
-
 use anyhow::Result;
 use clap::Args;
 
-use crate::model_files::ModelFiles;
+use crate::model_files::{resolve, ModelFiles};
 
 #[derive(Args)]
 pub struct TokenizeArgs {
-    /// Model whose tokenizer to use: a .gguf file or a Hugging Face folder.
+    /// Model whose tokenizer to use: a .gguf file, a Hugging Face folder or an alias.
     #[arg(long)]
-    model: PathBuf,
+    model: String,
     /// Print one JSON array of ids on the last line instead of a table.
     #[arg(long)]
     json: bool,
@@ -27,7 +25,7 @@ pub struct TokenizeArgs {
 }
 
 pub fn run(args: TokenizeArgs) -> Result<()> {
-    let tok = ModelFiles::open(&args.model)?.tokenizer()?;
+    let tok = ModelFiles::open(&resolve(&args.model)?)?.tokenizer()?;
     let text = args.text.join(" ");
     let ids = tok.encode(&text, args.add_special, args.parse_special)?;
     if args.json {

@@ -12,6 +12,19 @@ pub(crate) fn fused_silu_mul_split(gate_up: &[f32], out: &mut [f32], tokens: usi
     });
 }
 
+pub(crate) fn fused_gelu_tanh_mul_split(
+    gate_up: &[f32],
+    out: &mut [f32],
+    tokens: usize,
+    im: usize,
+) {
+    let gate_up = &gate_up[..tokens * 2 * im];
+    rows_mut(&mut out[..tokens * im], im, |t, o| {
+        let row = &gate_up[t * 2 * im..(t + 1) * 2 * im];
+        simd::gelu_tanh_mul(o, &row[..im], &row[im..]);
+    });
+}
+
 /// Elements per parallel chunk of a flat element-wise op.
 const FLAT_CHUNK: usize = 1 << 13;
 

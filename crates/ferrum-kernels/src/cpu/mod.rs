@@ -239,6 +239,16 @@ impl Backend for CpuBackend {
         activation::fused_silu_mul_split(gate_up, out, tokens, im);
     }
 
+    fn fused_gelu_tanh_mul_split(
+        _ctx: &mut Self::Context,
+        gate_up: &Self::Buffer,
+        out: &mut Self::Buffer,
+        tokens: usize,
+        im: usize,
+    ) {
+        activation::fused_gelu_tanh_mul_split(gate_up, out, tokens, im);
+    }
+
     fn qk_norm_rope(
         _ctx: &mut Self::Context,
         input: &Self::Buffer,

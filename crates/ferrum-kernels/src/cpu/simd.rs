@@ -91,6 +91,18 @@ pub(crate) fn silu_mul(out: &mut [f32], g: &[f32], u: &[f32]) {
     dispatch!(silu_mul(out, g, u))
 }
 
+/// `out[i] = gelu_tanh(g[i]) · u[i]` (tanh approximation of GELU).
+#[inline]
+pub(crate) fn gelu_tanh_mul(out: &mut [f32], g: &[f32], u: &[f32]) {
+    let (g, u) = (&g[..out.len()], &u[..out.len()]);
+    dispatch!(gelu_tanh_mul(out, g, u))
+}
+
+/// `√(2/π)`, the tanh-GELU input scale.
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+/// The tanh-GELU cubic coefficient.
+const GELU_CUBIC: f32 = 0.044_715;
+
 /// `out[i] = gelu(x[i])` with the erf form.
 #[inline]
 pub(crate) fn gelu(out: &mut [f32], x: &[f32]) {
@@ -203,6 +215,14 @@ pub(crate) mod scalar {
     pub fn silu_mul(out: &mut [f32], g: &[f32], u: &[f32]) {
         for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
             *o = g / (1.0 + exp(-g)) * u;
+        }
+    }
+
+    /// `0.5·x·(1 + tanh(z))` written as `x · σ(2z)`, which needs one exp.
+    pub fn gelu_tanh_mul(out: &mut [f32], g: &[f32], u: &[f32]) {
+        for ((o, &x), &u) in out.iter_mut().zip(g).zip(u) {
+            let z = super::SQRT_2_OVER_PI * (x + super::GELU_CUBIC * x * x * x);
+            *o = x / (1.0 + exp(-2.0 * z)) * u;
         }
     }
 
@@ -422,6 +442,29 @@ pub(crate) mod avx2 {
             i += 8;
         }
         scalar::silu_mul(&mut out[i..], &g[i..], &u[i..]);
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn gelu_tanh_mul(out: &mut [f32], g: &[f32], u: &[f32]) {
+        let n = out.len();
+        let one = _mm256_set1_ps(1.0);
+        let mut i = 0;
+        while i + 8 <= n {
+            let x = _mm256_loadu_ps(g.as_ptr().add(i));
+            let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+            let z = _mm256_mul_ps(
+                _mm256_set1_ps(super::SQRT_2_OVER_PI),
+                _mm256_fmadd_ps(_mm256_set1_ps(super::GELU_CUBIC), x3, x),
+            );
+            let e = exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0), z));
+            let v = _mm256_div_ps(x, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(
+                out.as_mut_ptr().add(i),
+                _mm256_mul_ps(v, _mm256_loadu_ps(u.as_ptr().add(i))),
+            );
+            i += 8;
+        }
+        scalar::gelu_tanh_mul(&mut out[i..], &g[i..], &u[i..]);
     }
 
     #[target_feature(enable = "avx2,fma")]

@@ -1,0 +1,218 @@
+//! The sampler against direct computations of what each setting means.
+
+#![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
+
+use ferrum_engine::{Sampler, SamplingParams};
+
+fn params(temperature: f32) -> SamplingParams {
+    SamplingParams {
+        temperature,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: Some(7),
+        ..SamplingParams::default()
+    }
+}
+
+fn softmax(x: &[f32]) -> Vec<f64> {
+    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let e: Vec<f64> = x.iter().map(|&v| (v as f64 - m).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.iter().map(|v| v / s).collect()
+}
+
+/// Frequencies of `n` draws.
+fn histogram(p: SamplingParams, logits: &[f32], n: usize) -> Vec<f64> {
+    let mut s = Sampler::new(p, &[]);
+    let mut h = vec![0f64; logits.len()];
+    for _ in 0..n {
+        h[s.sample(&mut logits.to_vec()).token as usize] += 1.0;
+    }
+    h.iter().map(|c| c / n as f64).collect()
+}
+
+#[test]
+fn greedy_takes_the_argmax_and_reports_logprobs() {
+    let logits = vec![0.5, 3.0, -1.0, 2.9];
+    let mut s = Sampler::new(
+        SamplingParams {
+            top_logprobs: 3,
+            ..SamplingParams::greedy()
+        },
+        &[],
+    );
+    let out = s.sample(&mut logits.clone());
+    assert_eq!(out.token, 1);
+    let lp: Vec<f64> = softmax(&logits).iter().map(|p| p.ln()).collect();
+    assert!((out.logprob as f64 - lp[1]).abs() < 1e-6);
+    let ids: Vec<u32> = out.top.iter().map(|t| t.0).collect();
+    assert_eq!(ids, vec![1, 3, 0]);
+    assert!((out.top[1].1 as f64 - lp[3]).abs() < 1e-6);
+}
+
+#[test]
+fn temperature_one_samples_the_softmax() {
+    let logits = vec![1.0, 2.0, 0.0, 1.5];
+    let want = softmax(&logits);
+    let got = histogram(params(1.0), &logits, 40_000);
+    for i in 0..4 {
+        // 40k draws: standard error < 0.0025, allow 4 sigma.
+        assert!(
+            (got[i] - want[i]).abs() < 0.01,
+            "token {i}: {} vs {}",
+            got[i],
+            want[i]
+        );
+    }
+    // Temperature 0.5 sharpens: probabilities of logits / 0.5.
+    let sharp: Vec<f32> = logits.iter().map(|l| l * 2.0).collect();
+    let want = softmax(&sharp);
+    let got = histogram(params(0.5), &logits, 40_000);
+    for i in 0..4 {
+        assert!((got[i] - want[i]).abs() < 0.01, "T=0.5 token {i}");
+    }
+}
+
+#[test]
+fn truncations_keep_only_allowed_tokens() {
+    let logits = vec![2.0, 1.9, 0.0, -3.0, 1.0];
+    let p = softmax(&logits);
+    // top_k = 2: only tokens 0 and 1, renormalised.
+    let got = histogram(
+        SamplingParams {
+            top_k: 2,
+            ..params(1.0)
+        },
+        &logits,
+        20_000,
+    );
+    assert_eq!(got[2] + got[3] + got[4], 0.0);
+    let want0 = p[0] / (p[0] + p[1]);
+    assert!((got[0] - want0).abs() < 0.015);
+    // top_p = 0.5: token 0 alone has p[0] < 0.5, tokens 0 and 1 exceed it.
+    assert!(p[0] < 0.5 && p[0] + p[1] >= 0.5);
+    let got = histogram(
+        SamplingParams {
+            top_p: 0.5,
+            ..params(1.0)
+        },
+        &logits,
+        5_000,
+    );
+    assert_eq!(got[2] + got[3] + got[4], 0.0);
+    assert!(got[1] > 0.0);
+    // min_p = 0.3: keeps tokens with p >= 0.3 · p_max (tokens 0, 1, 4).
+    let keep: Vec<bool> = p.iter().map(|&x| x >= 0.3 * p[0]).collect();
+    assert_eq!(keep, vec![true, true, false, false, true]);
+    let got = histogram(
+        SamplingParams {
+            min_p: 0.3,
+            ..params(1.0)
+        },
+        &logits,
+        5_000,
+    );
+    assert_eq!(got[2] + got[3], 0.0);
+    assert!(got[4] > 0.0);
+}
+
+#[test]
+fn seeds_make_sampling_reproducible() {
+    let logits: Vec<f32> = (0..1000)
+        .map(|i| ((i * 7919) % 1000) as f32 / 300.0)
+        .collect();
+    let run = |seed| {
+        let mut s = Sampler::new(
+            SamplingParams {
+                seed: Some(seed),
+                ..SamplingParams::default()
+            },
+            &[],
+        );
+        (0..50)
+            .map(|_| s.sample(&mut logits.clone()).token)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(1), run(1));
+    assert_ne!(run(1), run(2));
+}
+
+#[test]
+fn penalties_change_logits_as_documented() {
+    let p = SamplingParams {
+        repetition_penalty: 2.0,
+        presence_penalty: 0.5,
+        frequency_penalty: 0.25,
+        top_logprobs: 4,
+        ..SamplingParams::greedy()
+    };
+    // Prompt has token 0; output so far: token 1 twice.
+    let mut s = Sampler::new(p, &[0]);
+    s.accept(1);
+    s.accept(1);
+    let mut logits = vec![4.0, -1.0, 3.0, 0.0];
+    s.sample(&mut logits);
+    // 0: 4 / 2 = 2; 1: -1 · 2 - 0.5 - 0.25 · 2 = -3; others unchanged.
+    assert_eq!(logits, vec![2.0, -3.0, 3.0, 0.0]);
+}
+
+#[test]
+fn invalid_settings_are_named() {
+    let cases = [
+        (
+            SamplingParams {
+                temperature: -1.0,
+                ..Default::default()
+            },
+            "temperature",
+        ),
+        (
+            SamplingParams {
+                top_p: 1.5,
+                ..Default::default()
+            },
+            "top_p",
+        ),
+        (
+            SamplingParams {
+                top_p: 0.0,
+                ..Default::default()
+            },
+            "top_p",
+        ),
+        (
+            SamplingParams {
+                min_p: -0.1,
+                ..Default::default()
+            },
+            "min_p",
+        ),
+        (
+            SamplingParams {
+                repetition_penalty: 0.0,
+                ..Default::default()
+            },
+            "repetition_penalty",
+        ),
+        (
+            SamplingParams {
+                presence_penalty: 3.0,
+                ..Default::default()
+            },
+            "presence_penalty",
+        ),
+        (
+            SamplingParams {
+                top_logprobs: 21,
+                ..Default::default()
+            },
+            "top_logprobs",
+        ),
+    ];
+    for (p, field) in cases {
+        let err = p.validate().unwrap_err().to_string();
+        assert!(err.contains(field), "{err}");
+    }
+    assert!(SamplingParams::default().validate().is_ok());
+}

@@ -1,0 +1,233 @@
+//! The architecture description of a Llama-family model, read from GGUF
+//! metadata or a Hugging Face `config.json`.
+
+use ferrum_formats::gguf::GgufFile;
+use ferrum_formats::hf_config::HfConfig;
+use ferrum_types::{FerrumError, Result};
+
+use crate::rope::{RopeScaling, RopeSpec};
+
+/// The decoder-only architectures this model family covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+    Gemma3,
+}
+
+/// Gated MLP activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU: `silu(gate) · up`.
+    Silu,
+    /// GeGLU with the tanh approximation of GELU (Gemma).
+    GeluTanh,
+}
+
+#[derive(Clone, Debug)]
+pub struct LlamaConfig {
+    pub arch: Arch,
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab: usize,
+    pub max_seq_len: usize,
+    pub rms_eps: f32,
+    /// RoPE of full-attention layers.
+    pub rope: RopeSpec,
+    /// RoPE of sliding-window layers, when it differs (Gemma 3).
+    pub rope_local: Option<RopeSpec>,
+    pub sliding_window: usize,
+    /// Per layer: does it use the sliding window?
+    pub sliding: Vec<bool>,
+    pub qkv_bias: bool,
+    pub qk_norm: bool,
+    /// Multiplier of `q·k` (usually `head_dim^-½`).
+    pub attn_scale: f32,
+    /// Embeddings are multiplied by this (Gemma: `√hidden`).
+    pub embed_scale: Option<f32>,
+    /// Extra norms after attention and after the MLP (Gemma 3).
+    pub sandwich_norms: bool,
+    pub act: Activation,
+    pub final_softcap: Option<f32>,
+}
+
+fn bad(what: impl Into<String>) -> FerrumError {
+    FerrumError::invalid(what.into())
+}
+
+impl LlamaConfig {
+    fn check(self) -> Result<Self> {
+        if self.heads == 0 || self.kv_heads == 0 || self.heads % self.kv_heads != 0 {
+            return Err(bad(format!(
+                "{} heads cannot be grouped over {} KV heads",
+                self.heads, self.kv_heads
+            )));
+        }
+        if self.head_dim == 0 || self.head_dim % 2 != 0 || self.head_dim > 512 {
+            return Err(bad(format!(
+                "head_dim {} is not supported (even, at most 512)",
+                self.head_dim
+            )));
+        }
+        if self.hidden == 0 || self.vocab == 0 || self.layers == 0 || self.intermediate == 0 {
+            return Err(bad(
+                "hidden size, vocabulary, layer count and MLP width must be positive",
+            ));
+        }
+        Ok(self)
+    }
+
+    /// From a Hugging Face config; `model_type` selects the variant.
+    pub fn from_hf(c: &HfConfig) -> Result<Self> {
+        let arch = match c.model_type.as_str() {
+            "llama" => Arch::Llama,
+            "mistral" => Arch::Mistral,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            "gemma3" | "gemma3_text" => Arch::Gemma3,
+            other => {
+                return Err(FerrumError::unsupported(format!(
+                    "architecture '{other}' is not supported (llama, mistral, qwen2, qwen3, gemma3)"
+                )))
+            }
+        };
+        let head_dim = c.head_dim();
+        let max_seq_len = c.max_position_embeddings.unwrap_or(4096);
+        let rope_of = |t: Option<&str>| RopeSpec::from_hf(&c.rope(t), max_seq_len).map_err(bad);
+        let gemma = arch == Arch::Gemma3;
+        let sliding_window = match arch {
+            Arch::Mistral | Arch::Gemma3 => c.sliding_window.unwrap_or(0),
+            _ if c.use_sliding_window == Some(true) => c.sliding_window.unwrap_or(0),
+            _ => 0,
+        };
+        let sliding = (0..c.num_hidden_layers)
+            .map(|i| sliding_window > 0 && c.is_sliding_layer(i))
+            .collect();
+        Self {
+            arch,
+            hidden: c.hidden_size,
+            intermediate: c.intermediate_size,
+            layers: c.num_hidden_layers,
+            heads: c.num_attention_heads,
+            kv_heads: c.num_kv_heads(),
+            head_dim,
+            vocab: c.vocab_size,
+            max_seq_len,
+            rms_eps: c.rms_norm_eps.unwrap_or(1e-6) as f32,
+            rope: rope_of(gemma.then_some("full_attention"))?,
+            rope_local: if gemma {
+                Some(rope_of(Some("sliding_attention"))?)
+            } else {
+                None
+            },
+            sliding_window,
+            sliding,
+            qkv_bias: arch == Arch::Qwen2 || c.attention_bias == Some(true),
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+            attn_scale: match c.query_pre_attn_scalar {
+                Some(s) if gemma => 1.0 / (s as f32).sqrt(),
+                _ => 1.0 / (head_dim as f32).sqrt(),
+            },
+            embed_scale: gemma.then(|| (c.hidden_size as f32).sqrt()),
+            sandwich_norms: gemma,
+            act: if gemma {
+                Activation::GeluTanh
+            } else {
+                Activation::Silu
+            },
+            final_softcap: c.final_logit_softcapping.map(|v| v as f32),
+        }
+        .check()
+    }
+
+    /// From GGUF metadata (`{arch}.*` keys, named as llama.cpp writes them).
+    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        let name = g.architecture()?.to_string();
+        let arch = match name.as_str() {
+            "llama" => Arch::Llama,
+            "mistral" => Arch::Mistral,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            "gemma3" => Arch::Gemma3,
+            other => {
+                return Err(g.error(format!(
+                    "architecture '{other}' is not supported (llama, mistral, qwen2, qwen3, gemma3)"
+                )))
+            }
+        };
+        let key = |k: &str| format!("{name}.{k}");
+        let u = |k: &str| g.get_u64(&key(k)).map(|v| v as usize);
+        let hidden = u("embedding_length")?;
+        let heads = u("attention.head_count")?;
+        let head_dim = u("attention.key_length").unwrap_or(hidden / heads.max(1));
+        let layers = u("block_count")?;
+        let vocab = match g.get(&key("vocab_size")).and_then(|v| v.as_u64()) {
+            Some(v) => v as usize,
+            None => g
+                .get("tokenizer.ggml.tokens")
+                .and_then(|t| t.as_array())
+                .map(|a| a.len())
+                .ok_or_else(|| {
+                    g.error("neither vocab_size nor tokenizer.ggml.tokens is present")
+                })?,
+        };
+        let theta = g.get_f64(&key("rope.freq_base")).unwrap_or(10_000.0) as f32;
+        let scaling = match g.get(&key("rope.scaling.type")).and_then(|v| v.as_str()) {
+            Some("linear") => RopeScaling::Linear {
+                factor: g.get_f64(&key("rope.scaling.factor")).unwrap_or(1.0) as f32,
+            },
+            _ => RopeScaling::None,
+        };
+        let gemma = arch == Arch::Gemma3;
+        let sliding_window = u("attention.sliding_window").unwrap_or(0);
+        // llama.cpp's Gemma 3 pattern: every sixth layer is global.
+        let sliding = (0..layers)
+            .map(|i| match arch {
+                Arch::Gemma3 => sliding_window > 0 && (i + 1) % 6 != 0,
+                Arch::Mistral => sliding_window > 0,
+                _ => false,
+            })
+            .collect();
+        Self {
+            arch,
+            hidden,
+            intermediate: u("feed_forward_length")?,
+            layers,
+            heads,
+            kv_heads: u("attention.head_count_kv").unwrap_or(heads),
+            head_dim,
+            vocab,
+            max_seq_len: u("context_length").unwrap_or(4096),
+            rms_eps: g
+                .get_f64(&key("attention.layer_norm_rms_epsilon"))
+                .unwrap_or(1e-6) as f32,
+            rope: RopeSpec { theta, scaling },
+            // llama.cpp hard-codes Gemma 3's local base.
+            rope_local: gemma.then(|| RopeSpec::plain(10_000.0)),
+            sliding_window,
+            sliding,
+            qkv_bias: g.tensor("blk.0.attn_q.bias").is_some(),
+            qk_norm: g.tensor("blk.0.attn_q_norm.weight").is_some(),
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            embed_scale: gemma.then(|| (hidden as f32).sqrt()),
+            sandwich_norms: gemma,
+            act: if gemma {
+                Activation::GeluTanh
+            } else {
+                Activation::Silu
+            },
+            final_softcap: g
+                .get_f64(&key("final_logit_softcapping"))
+                .ok()
+                .map(|v| v as f32),
+        }
+        .check()
+        .map_err(|e| g.error(e.to_string()))
+    }
+}

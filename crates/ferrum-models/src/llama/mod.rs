@@ -1,0 +1,604 @@
+//! The Llama family (Llama 2/3, SmolLM, Mistral, Qwen2, Qwen3, Gemma 3) as
+//! one model generic over [`Backend`], its variants chosen by configuration.
+//!
+//! Every entry point of [`DecoderOnlyLLM`] runs the same forward pass over a
+//! batch of *segments* (consecutive new tokens of one sequence): the
+//! projections and MLP are single GEMMs over all segments' rows; attention
+//! runs per segment against that sequence's own KV cache.
+
+mod config;
+mod weights;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use ferrum_formats::gguf::GgufFile;
+use ferrum_formats::hf_config::HfConfig;
+use ferrum_formats::safetensors::SafeTensors;
+use ferrum_kernels::{AttnConfig, Backend, KvCache};
+use ferrum_types::{FerrumError, Result};
+
+pub use config::{Activation, Arch, LlamaConfig};
+use weights::{Source, Weights};
+
+use crate::llm::{kv_capacity_from_env, DecoderOnlyLLM, LlmRuntimeConfig};
+
+/// Per-sequence KV capacity when `FERRUM_KV_CAPACITY` is not set (clamped to
+/// the model's context length): enough for long chats without reserving a
+/// 32K-token cache per sequence up front.
+pub const DEFAULT_KV_CAPACITY: usize = 4096;
+
+/// Reusable activation buffers, grown to the largest batch seen.
+struct Scratch<B: Backend> {
+    rows: usize,
+    seg_rows: usize,
+    x: B::Buffer,
+    xn: B::Buffer,
+    qkv: B::Buffer,
+    q: B::Buffer,
+    k: B::Buffer,
+    v: B::Buffer,
+    attn: B::Buffer,
+    o: B::Buffer,
+    gate_up: B::Buffer,
+    act: B::Buffer,
+    seg_q: B::Buffer,
+    seg_k: B::Buffer,
+    seg_v: B::Buffer,
+    seg_qh: B::Buffer,
+    seg_kh: B::Buffer,
+    seg_vh: B::Buffer,
+    seg_attn: B::Buffer,
+    seg_tok: B::Buffer,
+}
+
+impl<B: Backend> Scratch<B> {
+    fn new() -> Self {
+        let e = || B::alloc(0);
+        Self {
+            rows: 0,
+            seg_rows: 0,
+            x: e(),
+            xn: e(),
+            qkv: e(),
+            q: e(),
+            k: e(),
+            v: e(),
+            attn: e(),
+            o: e(),
+            gate_up: e(),
+            act: e(),
+            seg_q: e(),
+            seg_k: e(),
+            seg_v: e(),
+            seg_qh: e(),
+            seg_kh: e(),
+            seg_vh: e(),
+            seg_attn: e(),
+            seg_tok: e(),
+        }
+    }
+
+    fn ensure(&mut self, c: &LlamaConfig, rows: usize, seg_rows: usize) {
+        let (h, qd, kvd, im) = (
+            c.hidden,
+            c.heads * c.head_dim,
+            c.kv_heads * c.head_dim,
+            c.intermediate,
+        );
+        if rows > self.rows {
+            self.x = B::alloc(rows * h);
+            self.xn = B::alloc(rows * h);
+            self.qkv = B::alloc(rows * (qd + 2 * kvd));
+            self.q = B::alloc(rows * qd);
+            self.k = B::alloc(rows * kvd);
+            self.v = B::alloc(rows * kvd);
+            self.attn = B::alloc(rows * qd);
+            self.o = B::alloc(rows * h);
+            self.gate_up = B::alloc(rows * 2 * im);
+            self.act = B::alloc(rows * im);
+            self.rows = rows;
+        }
+        if seg_rows > self.seg_rows {
+            self.seg_q = B::alloc(seg_rows * qd);
+            self.seg_k = B::alloc(seg_rows * kvd);
+            self.seg_v = B::alloc(seg_rows * kvd);
+            self.seg_qh = B::alloc(seg_rows * qd);
+            self.seg_kh = B::alloc(seg_rows * kvd);
+            self.seg_vh = B::alloc(seg_rows * kvd);
+            self.seg_attn = B::alloc(seg_rows * qd);
+            self.seg_tok = B::alloc(seg_rows * qd);
+            self.seg_rows = seg_rows;
+        }
+    }
+}
+
+/// One sequence's new tokens in a batch.
+pub struct Segment<'a> {
+    pub cache_id: &'a str,
+    pub tokens: &'a [u32],
+    /// Absolute position of the first token (the cache length before it).
+    pub pos: usize,
+    /// Logits wanted: none, the last token's, or every token's.
+    pub logits: LogitsWanted,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsWanted {
+    None,
+    Last,
+    All,
+}
+
+pub struct LlamaModel<B: Backend> {
+    cfg: LlamaConfig,
+    rt: LlmRuntimeConfig,
+    w: Weights<B>,
+    cos: B::Buffer,
+    sin: B::Buffer,
+    local_rope: Option<(B::Buffer, B::Buffer)>,
+    caches: HashMap<String, Vec<KvCache<B>>>,
+    kv_capacity: usize,
+    scratch: Scratch<B>,
+    /// Passed where an op ignores its norm weight.
+    empty: B::Buffer,
+}
+
+impl<B: Backend> LlamaModel<B> {
+    /// Loads a GGUF model.
+    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        let cfg = LlamaConfig::from_gguf(g)?;
+        let w = Weights::load(&Source::Gguf(g), &cfg).map_err(|e| g.error(e.to_string()))?;
+        Ok(Self::new(cfg, w))
+    }
+
+    /// Loads a Hugging Face folder (`config.json` + safetensors).
+    pub fn from_hf_dir(dir: &Path) -> Result<Self> {
+        let hf = HfConfig::load(dir.join("config.json"))?;
+        let cfg = LlamaConfig::from_hf(&hf)?;
+        let st = SafeTensors::open_dir(dir)?;
+        let w = Weights::load(&Source::Hf(&st), &cfg)
+            .map_err(|e| FerrumError::bad_file(dir, e.to_string()))?;
+        Ok(Self::new(cfg, w))
+    }
+
+    fn new(cfg: LlamaConfig, w: Weights<B>) -> Self {
+        let kv_capacity = kv_capacity_from_env(cfg.max_seq_len, DEFAULT_KV_CAPACITY);
+        let (cos, sin) = cfg.rope.tables(kv_capacity, cfg.head_dim);
+        let local_rope = cfg.rope_local.as_ref().map(|r| {
+            let (c, s) = r.tables(kv_capacity, cfg.head_dim);
+            (B::from_slice(&c), B::from_slice(&s))
+        });
+        let rt = LlmRuntimeConfig {
+            hidden_size: cfg.hidden,
+            num_layers: cfg.layers,
+            num_kv_heads: cfg.kv_heads,
+            head_dim: cfg.head_dim,
+            vocab_size: cfg.vocab,
+            max_seq_len: cfg.max_seq_len,
+        };
+        Self {
+            cfg,
+            rt,
+            w,
+            cos: B::from_slice(&cos),
+            sin: B::from_slice(&sin),
+            local_rope,
+            caches: HashMap::new(),
+            kv_capacity,
+            scratch: Scratch::new(),
+            empty: B::alloc(0),
+        }
+    }
+
+    pub fn llama_config(&self) -> &LlamaConfig {
+        &self.cfg
+    }
+
+    fn new_cache(&self) -> Vec<KvCache<B>> {
+        (0..self.cfg.layers)
+            .map(|_| KvCache::new(self.cfg.kv_heads, self.kv_capacity, self.cfg.head_dim))
+            .collect()
+    }
+
+    /// Runs one forward pass over `segs` and returns, per segment, the
+    /// logits it asked for (`vocab` floats per row, row-major).
+    ///
+    /// Every segment is validated before anything is written: token ids,
+    /// positions (a segment starting before its cache end rolls the cache
+    /// back to `pos`; after it is an error) and KV capacity.
+    pub fn forward(&mut self, segs: &[Segment]) -> Result<Vec<Option<Vec<f32>>>> {
+        let vocab = self.cfg.vocab;
+        for (i, s) in segs.iter().enumerate() {
+            if s.tokens.is_empty() {
+                return Err(FerrumError::invalid(format!(
+                    "sequence {} has no tokens to process",
+                    s.cache_id
+                )));
+            }
+            if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(FerrumError::invalid(format!(
+                    "token id {bad} is outside the vocabulary of {vocab}"
+                )));
+            }
+            if segs[..i].iter().any(|o| o.cache_id == s.cache_id) {
+                return Err(FerrumError::invalid(format!(
+                    "sequence {} appears twice in one batch",
+                    s.cache_id
+                )));
+            }
+            let len = self.kv_len(s.cache_id);
+            if s.pos > len {
+                return Err(FerrumError::invalid(format!(
+                    "sequence {} continues at position {} but holds only {len} tokens",
+                    s.cache_id, s.pos
+                )));
+            }
+            if s.pos + s.tokens.len() > self.kv_capacity {
+                return Err(FerrumError::ContextOverflow {
+                    needed: s.pos + s.tokens.len(),
+                    capacity: self.kv_capacity,
+                });
+            }
+        }
+        for s in segs {
+            if !self.caches.contains_key(s.cache_id) {
+                let c = self.new_cache();
+                self.caches.insert(s.cache_id.to_string(), c);
+            }
+        }
+        let rows: usize = segs.iter().map(|s| s.tokens.len()).sum();
+        let seg_rows = segs.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
+        self.scratch.ensure(&self.cfg, rows, seg_rows);
+        self.run_layers(segs, rows);
+        self.logits(segs)
+    }
+
+    fn run_layers(&mut self, segs: &[Segment], rows: usize) {
+        let c = &self.cfg;
+        let (h, hd, nh, nkv, im) = (c.hidden, c.head_dim, c.heads, c.kv_heads, c.intermediate);
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let eps = c.rms_eps;
+        let s = &mut self.scratch;
+        let ctx = &mut B::new_context();
+
+        let ids: Vec<u32> = segs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        B::embedding_lookup(ctx, &self.w.embed, &ids, &mut s.x, h);
+        B::rms_norm(
+            ctx,
+            &s.x,
+            &self.w.layers[0].attn_norm,
+            eps,
+            &mut s.xn,
+            rows,
+            h,
+        );
+
+        let mode = if c.qk_norm { 1 } else { 2 };
+        for (l, lw) in self.w.layers.iter().enumerate() {
+            // Attention.
+            B::gemm(ctx, &s.xn, &lw.qkv, &mut s.qkv, rows, qd + 2 * kvd, h);
+            if let Some(b) = &lw.qkv_bias {
+                B::add_bias(ctx, &mut s.qkv, b, rows, qd + 2 * kvd);
+            }
+            B::split_qkv(ctx, &s.qkv, &mut s.q, &mut s.k, &mut s.v, rows, qd, kvd);
+            let sliding = c.sliding[l];
+            let (cos, sin) = match (&self.local_rope, sliding) {
+                (Some((lc, ls)), true) => (lc, ls),
+                _ => (&self.cos, &self.sin),
+            };
+            let attn_cfg = AttnConfig {
+                num_heads: nh,
+                num_kv_heads: nkv,
+                head_dim: hd,
+                causal: true,
+                scale: c.attn_scale,
+                kv_seq_stride: self.kv_capacity,
+                sliding_window: if sliding { c.sliding_window } else { 0 },
+            };
+            let mut r0 = 0;
+            for seg in segs {
+                let n = seg.tokens.len();
+                let p = seg.pos;
+                // Validated in `forward`; the cache exists.
+                let Some(cache) = self.caches.get_mut(seg.cache_id) else {
+                    continue;
+                };
+                let kv = &mut cache[l];
+                B::copy_slice(ctx, &s.q, r0 * qd, &mut s.seg_q, 0, n * qd);
+                B::copy_slice(ctx, &s.k, r0 * kvd, &mut s.seg_k, 0, n * kvd);
+                B::copy_slice(ctx, &s.v, r0 * kvd, &mut s.seg_v, 0, n * kvd);
+                let qn = lw.q_norm.as_ref().unwrap_or(&self.empty);
+                let kn = lw.k_norm.as_ref().unwrap_or(&self.empty);
+                B::qk_norm_rope(
+                    ctx,
+                    &s.seg_q,
+                    qn,
+                    cos,
+                    sin,
+                    &mut s.seg_qh,
+                    n,
+                    nh,
+                    hd,
+                    p,
+                    eps,
+                    mode,
+                );
+                B::qk_norm_rope(
+                    ctx,
+                    &s.seg_k,
+                    kn,
+                    cos,
+                    sin,
+                    &mut s.seg_kh,
+                    n,
+                    nkv,
+                    hd,
+                    p,
+                    eps,
+                    mode,
+                );
+                B::qk_norm_rope(
+                    ctx,
+                    &s.seg_v,
+                    &self.empty,
+                    cos,
+                    sin,
+                    &mut s.seg_vh,
+                    n,
+                    nkv,
+                    hd,
+                    p,
+                    eps,
+                    0,
+                );
+                B::kv_cache_append_head_major(
+                    ctx,
+                    &mut kv.k,
+                    &mut kv.v,
+                    p,
+                    kv.capacity,
+                    &s.seg_kh,
+                    &s.seg_vh,
+                    n,
+                    nkv,
+                    hd,
+                );
+                kv.len = p + n;
+                B::flash_attention(
+                    ctx,
+                    &s.seg_qh,
+                    &kv.k,
+                    &kv.v,
+                    &mut s.seg_attn,
+                    1,
+                    n,
+                    p + n,
+                    p,
+                    &attn_cfg,
+                );
+                B::transpose_head_to_token(ctx, &s.seg_attn, &mut s.seg_tok, n, nh, hd);
+                B::copy_slice(ctx, &s.seg_tok, 0, &mut s.attn, r0 * qd, n * qd);
+                r0 += n;
+            }
+            B::gemm(ctx, &s.attn, &lw.o, &mut s.o, rows, h, qd);
+            // Residual + pre-MLP norm.
+            match &lw.post_attn_norm {
+                Some(post) => {
+                    B::rms_norm(ctx, &s.o, post, eps, &mut s.xn, rows, h);
+                    B::add_inplace(ctx, &mut s.x, &s.xn, rows * h);
+                    B::rms_norm(ctx, &s.x, &lw.ffn_norm, eps, &mut s.xn, rows, h);
+                }
+                None => B::fused_add_rms_norm(
+                    ctx,
+                    &mut s.x,
+                    &s.o,
+                    &lw.ffn_norm,
+                    eps,
+                    &mut s.xn,
+                    rows,
+                    h,
+                ),
+            }
+            // MLP.
+            B::gemm(ctx, &s.xn, &lw.gate_up, &mut s.gate_up, rows, 2 * im, h);
+            match c.act {
+                Activation::Silu => B::fused_silu_mul_split(ctx, &s.gate_up, &mut s.act, rows, im),
+                Activation::GeluTanh => {
+                    B::fused_gelu_tanh_mul_split(ctx, &s.gate_up, &mut s.act, rows, im)
+                }
+            }
+            B::gemm(ctx, &s.act, &lw.down, &mut s.o, rows, h, im);
+            // Residual + the next layer's (or the final) norm.
+            let next_norm = match self.w.layers.get(l + 1) {
+                Some(next) => &next.attn_norm,
+                None => &self.w.final_norm,
+            };
+            match &lw.post_ffn_norm {
+                Some(post) => {
+                    B::rms_norm(ctx, &s.o, post, eps, &mut s.xn, rows, h);
+                    B::add_inplace(ctx, &mut s.x, &s.xn, rows * h);
+                    B::rms_norm(ctx, &s.x, next_norm, eps, &mut s.xn, rows, h);
+                }
+                None => {
+                    B::fused_add_rms_norm(ctx, &mut s.x, &s.o, next_norm, eps, &mut s.xn, rows, h)
+                }
+            }
+        }
+        B::sync(ctx);
+    }
+
+    /// Final-normed hidden states (`scratch.xn`) → logits for wanted rows.
+    fn logits(&mut self, segs: &[Segment]) -> Result<Vec<Option<Vec<f32>>>> {
+        let (h, vocab) = (self.cfg.hidden, self.cfg.vocab);
+        let mut picks = Vec::new();
+        let mut r0 = 0;
+        for s in segs {
+            let n = s.tokens.len();
+            match s.logits {
+                LogitsWanted::None => {}
+                LogitsWanted::Last => picks.push(r0 + n - 1),
+                LogitsWanted::All => picks.extend(r0..r0 + n),
+            }
+            r0 += n;
+        }
+        let ctx = &mut B::new_context();
+        let mut sel = B::alloc(picks.len() * h);
+        for (i, &r) in picks.iter().enumerate() {
+            B::copy_slice(ctx, &self.scratch.xn, r * h, &mut sel, i * h, h);
+        }
+        let head = self.w.lm_head.as_ref().unwrap_or(&self.w.embed);
+        let mut out = B::alloc(picks.len() * vocab);
+        B::gemm(ctx, &sel, head, &mut out, picks.len(), vocab, h);
+        B::sync(ctx);
+        let mut all = B::to_vec(&out, picks.len() * vocab);
+        if let Some(cap) = self.cfg.final_softcap {
+            for v in &mut all {
+                *v = cap * (*v / cap).tanh();
+            }
+        }
+        let mut result = Vec::with_capacity(segs.len());
+        let mut taken = 0;
+        for s in segs {
+            let count = match s.logits {
+                LogitsWanted::None => 0,
+                LogitsWanted::Last => 1,
+                LogitsWanted::All => s.tokens.len(),
+            };
+            result.push((count > 0).then(|| all[taken * vocab..(taken + count) * vocab].to_vec()));
+            taken += count;
+        }
+        Ok(result)
+    }
+
+    /// Like [`DecoderOnlyLLM::prefill`], reporting errors instead of
+    /// panicking.
+    pub fn try_prefill(&mut self, cache_id: &str, tokens: &[u32]) -> Result<Vec<f32>> {
+        let pos = self.kv_len(cache_id);
+        self.single(cache_id, tokens, pos, LogitsWanted::Last)
+    }
+
+    /// Like [`DecoderOnlyLLM::decode`], reporting errors instead of
+    /// panicking.
+    pub fn try_decode(&mut self, cache_id: &str, token: u32, pos: usize) -> Result<Vec<f32>> {
+        self.single(cache_id, &[token], pos, LogitsWanted::Last)
+    }
+
+    fn single(
+        &mut self,
+        cache_id: &str,
+        tokens: &[u32],
+        pos: usize,
+        logits: LogitsWanted,
+    ) -> Result<Vec<f32>> {
+        let seg = Segment {
+            cache_id,
+            tokens,
+            pos,
+            logits,
+        };
+        let mut out = self.forward(&[seg])?;
+        out.pop()
+            .flatten()
+            .ok_or_else(|| FerrumError::invalid("no logits were produced"))
+    }
+}
+
+/// Panics with the error: the infallible trait methods have no other way to
+/// report it. Engines call `forward`/`try_*` or check capacity first.
+fn or_panic<T>(r: Result<T>) -> T {
+    r.unwrap_or_else(|e| panic!("{e}"))
+}
+
+impl<B: Backend> DecoderOnlyLLM for LlamaModel<B> {
+    fn config(&self) -> &LlmRuntimeConfig {
+        &self.rt
+    }
+
+    fn prefill(&mut self, cache_id: &str, tokens: &[u32]) -> Vec<f32> {
+        or_panic(self.try_prefill(cache_id, tokens))
+    }
+
+    fn decode(&mut self, cache_id: &str, token: u32, pos: u32) -> Vec<f32> {
+        or_panic(self.try_decode(cache_id, token, pos as usize))
+    }
+
+    fn release(&mut self, cache_id: &str) {
+        self.caches.remove(cache_id);
+    }
+
+    fn kv_len(&self, cache_id: &str) -> usize {
+        self.caches
+            .get(cache_id)
+            .and_then(|c| c.first())
+            .map_or(0, |c| c.len)
+    }
+
+    fn prepare(&mut self, cache_id: &str, max_tokens: usize) {
+        if !self.caches.contains_key(cache_id) {
+            let c = self.new_cache();
+            self.caches.insert(cache_id.to_string(), c);
+        }
+        let rows = max_tokens.min(self.kv_capacity);
+        self.scratch.ensure(&self.cfg, rows, rows);
+    }
+
+    fn kv_capacity(&self) -> usize {
+        self.kv_capacity
+    }
+
+    fn decode_batch(&mut self, batch: &[(String, u32, u32)]) -> Vec<Vec<f32>> {
+        let toks: Vec<[u32; 1]> = batch.iter().map(|(_, t, _)| [*t]).collect();
+        let segs: Vec<Segment> = batch
+            .iter()
+            .zip(&toks)
+            .map(|((id, _, pos), t)| Segment {
+                cache_id: id,
+                tokens: t,
+                pos: *pos as usize,
+                logits: LogitsWanted::Last,
+            })
+            .collect();
+        or_panic(self.forward(&segs))
+            .into_iter()
+            .map(Option::unwrap_or_default)
+            .collect()
+    }
+
+    fn forward_verify(&mut self, cache_id: &str, tokens: &[u32]) -> Vec<f32> {
+        let pos = self.kv_len(cache_id);
+        or_panic(self.single(cache_id, tokens, pos, LogitsWanted::All))
+    }
+
+    fn unified_forward(
+        &mut self,
+        items: &[(String, Vec<u32>, usize, bool)],
+    ) -> Result<Vec<Option<Vec<f32>>>> {
+        let segs: Vec<Segment> = items
+            .iter()
+            .map(|(id, toks, pos, last)| Segment {
+                cache_id: id,
+                tokens: toks,
+                pos: *pos,
+                logits: if *last {
+                    LogitsWanted::Last
+                } else {
+                    LogitsWanted::None
+                },
+            })
+            .collect();
+        self.forward(&segs)
+    }
+
+    fn truncate_kv(&mut self, cache_id: &str, new_len: usize) {
+        if let Some(layers) = self.caches.get_mut(cache_id) {
+            for c in layers {
+                c.len = c.len.min(new_len);
+            }
+        }
+    }
+
+    fn reset(&mut self) {
+        self.caches.clear();
+    }
+}

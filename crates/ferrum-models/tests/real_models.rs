@@ -1,0 +1,76 @@
+//! Real GGUF models from `fetch.sh`: greedy continuations of a factual
+//! prompt. Skipped (with a note) when the models have not been fetched.
+
+#![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
+
+use std::path::PathBuf;
+
+use ferrum_formats::gguf::GgufFile;
+use ferrum_kernels::CpuBackend;
+use ferrum_models::llama::LlamaModel;
+use ferrum_models::DecoderOnlyLLM;
+use ferrum_tokenizer::Tokenizer;
+
+fn fetched(name: &str) -> Option<PathBuf> {
+    let base = std::env::var_os("FERRUM_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrum/models")
+        });
+    let p = base.join(name);
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!(
+            "skipping: {} not found (run ../shared/models/fetch.sh)",
+            p.display()
+        );
+        None
+    }
+}
+
+fn greedy(file: &str, prompt: &str, n: usize) -> Option<String> {
+    let g = GgufFile::open(fetched(file)?).unwrap();
+    let tok = Tokenizer::from_gguf(&g).unwrap();
+    let mut m = LlamaModel::<CpuBackend>::from_gguf(&g).unwrap();
+    let ids = tok.encode(prompt, true, false).unwrap();
+    let mut logits = m.prefill("s", &ids);
+    let mut out = Vec::new();
+    for i in 0..n {
+        let t = logits
+            .iter()
+            .enumerate()
+            .fold(
+                (0, f32::NEG_INFINITY),
+                |b, (j, &v)| if v > b.1 { (j, v) } else { b },
+            )
+            .0 as u32;
+        out.push(t);
+        logits = m.decode("s", t, (ids.len() + i) as u32);
+    }
+    let text = tok.decode(&out, true);
+    eprintln!("{file}: {prompt:?} -> {text:?}");
+    Some(text)
+}
+
+#[test]
+fn smollm2_knows_the_capital_of_france() {
+    if let Some(text) = greedy(
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "The capital of France is",
+        6,
+    ) {
+        assert!(text.starts_with(" Paris"), "{text:?}");
+    }
+}
+
+#[test]
+fn qwen_knows_it_too() {
+    if let Some(text) = greedy(
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "The capital of France is",
+        6,
+    ) {
+        assert!(text.contains("Paris"), "{text:?}");
+    }
+}
