@@ -7,6 +7,7 @@ use tracing_subscriber::EnvFilter;
 
 mod commands;
 mod model_files;
+mod pull;
 
 /// Ferrum: a Rust-native LLM inference engine.
 ///
@@ -27,6 +28,11 @@ enum Command {
     Run(commands::run::RunArgs),
     /// Measure perplexity on a text file (llama-perplexity's method).
     Perplexity(commands::perplexity::PerplexityArgs),
+    /// Download a model: an alias (smollm2, qwen2.5-coder:0.5b, ...) or owner/repo:file.
+    Pull {
+        /// What to fetch.
+        model: String,
+    },
     /// Print the token ids of a text.
     Tokenize(commands::tokenize::TokenizeArgs),
     /// Print the compute capabilities Ferrum detected on this machine.
@@ -46,6 +52,7 @@ fn main() -> ExitCode {
         Command::Run(a) => commands::run::run(a),
         Command::Perplexity(a) => commands::perplexity::run(a),
         Command::Tokenize(a) => commands::tokenize::run(a),
+        Command::Pull { model } => pull::pull(&model).map(|p| println!("{}", p.display())),
         Command::SystemInfo => {
             system_info();
             Ok(())

@@ -11,24 +11,10 @@ use ferrum_models::DecoderOnlyLLM;
 use ferrum_tokenizer::Tokenizer;
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::pull::{pull, recipe, RECIPES};
+
 /// The model `ferrum run` uses when none is given.
 pub const DEFAULT_MODEL: &str = "smollm2";
-
-/// Short names for the models Ferrum is tested with, and their file or
-/// folder in the model cache.
-pub const ALIASES: &[(&str, &str)] = &[
-    ("smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-    (
-        "qwen2.5-coder:0.5b",
-        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-    ),
-    (
-        "qwen2.5-coder:1.5b",
-        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-    ),
-    ("gemma3:270m", "gemma-3-270m-q4_k_m.gguf"),
-    ("minilm", "all-MiniLM-L6-v2"),
-];
 
 /// The model cache: `$FERRUM_MODELS`, else `~/.cache/ferrum/models`.
 pub fn cache_dir() -> PathBuf {
@@ -40,25 +26,19 @@ pub fn cache_dir() -> PathBuf {
     }
 }
 
-/// A path as given, or an alias resolved in the model cache.
+/// A path as given; an alias or `owner/repo:file`, fetched into the cache
+/// on first use.
 pub fn resolve(model: &str) -> Result<PathBuf> {
     let p = Path::new(model);
     if p.exists() {
         return Ok(p.to_path_buf());
     }
-    if let Some((_, file)) = ALIASES.iter().find(|(a, _)| *a == model) {
-        let cached = cache_dir().join(file);
-        if cached.exists() {
-            return Ok(cached);
-        }
-        bail!(
-            "model '{model}' is not in the cache ({}); fetch it with ../shared/models/fetch.sh",
-            cached.display()
-        );
+    if recipe(model).is_some() || model.contains('/') && model.contains(':') {
+        return pull(model);
     }
-    let names: Vec<&str> = ALIASES.iter().map(|(a, _)| *a).collect();
+    let names: Vec<&str> = RECIPES.iter().map(|r| r.alias).collect();
     bail!(
-        "model not found: {model} (give a .gguf file, a Hugging Face folder, or one of: {})",
+        "model not found: {model} (give a .gguf file, a Hugging Face folder, owner/repo:file, or one of: {})",
         names.join(", ")
     )
 }

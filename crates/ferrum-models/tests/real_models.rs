@@ -74,3 +74,12 @@ fn qwen_knows_it_too() {
         assert!(text.contains("Paris"), "{text:?}");
     }
 }
+
+#[test]
+fn gemma3_matches_llama_cpp_greedy() {
+    // Reference: llama.cpp's `llama-simple -n 6 "The capital of France is"`
+    // on the same GGUF (this base model does not name Paris).
+    if let Some(text) = greedy("gemma-3-270m-q4_k_m.gguf", "The capital of France is", 6) {
+        assert_eq!(text, " the capital of the country of");
+    }
+}

@@ -16,7 +16,7 @@ use ferrum_formats::gguf::GgufFile;
 use ferrum_formats::hf_config::HfConfig;
 use ferrum_formats::safetensors::SafeTensors;
 use ferrum_kernels::{AttnConfig, Backend, KvCache};
-use ferrum_types::{FerrumError, Result};
+use ferrum_types::{DecodeBackend, FerrumError, Result, TensorRef};
 
 pub use config::{Activation, Arch, LlamaConfig};
 use weights::{Source, Weights};
@@ -471,6 +471,78 @@ impl<B: Backend> LlamaModel<B> {
         Ok(result)
     }
 
+    /// Copies `cache_id`'s K/V out: one `(K, V)` pair per layer, each
+    /// `[kv_heads, len, head_dim]`, the hand-off format of
+    /// [`ferrum_types::DecodeBackend::init_kv_cache`].
+    pub fn export_kv(&self, cache_id: &str) -> Result<Vec<(TensorRef, TensorRef)>> {
+        let layers = self
+            .caches
+            .get(cache_id)
+            .ok_or_else(|| FerrumError::invalid(format!("sequence {cache_id} has no KV cache")))?;
+        let (nkv, hd) = (self.cfg.kv_heads, self.cfg.head_dim);
+        layers
+            .iter()
+            .map(|c| {
+                let take = |buf: &B::Buffer| {
+                    let all = B::to_vec(buf, nkv * c.capacity * hd);
+                    let mut out = Vec::with_capacity(nkv * c.len * hd);
+                    for h in 0..nkv {
+                        out.extend_from_slice(&all[h * c.capacity * hd..][..c.len * hd]);
+                    }
+                    TensorRef::new(vec![nkv, c.len, hd], out)
+                };
+                Ok((take(&c.k)?, take(&c.v)?))
+            })
+            .collect()
+    }
+
+    /// Installs K/V exported by [`LlamaModel::export_kv`] (from any model of
+    /// the same shape) as `cache_id`'s cache.
+    pub fn import_kv(
+        &mut self,
+        cache_id: &str,
+        kv: &[(TensorRef, TensorRef)],
+        len: usize,
+    ) -> Result<()> {
+        let (nkv, hd) = (self.cfg.kv_heads, self.cfg.head_dim);
+        if kv.len() != self.cfg.layers {
+            return Err(FerrumError::invalid(format!(
+                "KV for {} layers given to a model of {}",
+                kv.len(),
+                self.cfg.layers
+            )));
+        }
+        if len > self.kv_capacity {
+            return Err(FerrumError::ContextOverflow {
+                needed: len,
+                capacity: self.kv_capacity,
+            });
+        }
+        for (k, v) in kv {
+            for t in [k, v] {
+                if t.shape() != [nkv, len, hd] {
+                    return Err(FerrumError::invalid(format!(
+                        "KV tensor of shape {:?}, expected {:?}",
+                        t.shape(),
+                        [nkv, len, hd]
+                    )));
+                }
+            }
+        }
+        let mut cache = self.new_cache();
+        let ctx = &mut B::new_context();
+        for (c, (k, v)) in cache.iter_mut().zip(kv) {
+            let (kb, vb) = (B::from_slice(k.data()), B::from_slice(v.data()));
+            B::kv_cache_append_head_major(
+                ctx, &mut c.k, &mut c.v, 0, c.capacity, &kb, &vb, len, nkv, hd,
+            );
+            c.len = len;
+        }
+        B::sync(ctx);
+        self.caches.insert(cache_id.to_string(), cache);
+        Ok(())
+    }
+
     /// Like [`DecoderOnlyLLM::prefill`], reporting errors instead of
     /// panicking.
     pub fn try_prefill(&mut self, cache_id: &str, tokens: &[u32]) -> Result<Vec<f32>> {
@@ -600,5 +672,59 @@ impl<B: Backend> DecoderOnlyLLM for LlamaModel<B> {
 
     fn reset(&mut self) {
         self.caches.clear();
+    }
+}
+
+/// A [`DecodeBackend`] over a Llama-family model on any [`Backend`]: the
+/// decode hot path with its own KV caches, fed by a prefill elsewhere.
+pub struct LlamaDecodeBackend<B: Backend> {
+    model: LlamaModel<B>,
+    name: String,
+}
+
+impl<B: Backend> LlamaDecodeBackend<B> {
+    pub fn new(model: LlamaModel<B>, name: impl Into<String>) -> Self {
+        Self {
+            model,
+            name: name.into(),
+        }
+    }
+}
+
+impl<B: Backend> DecodeBackend for LlamaDecodeBackend<B> {
+    fn decode_step(
+        &mut self,
+        token_id: u32,
+        position: usize,
+        cache_key: &str,
+    ) -> Result<TensorRef> {
+        if !self.has_kv_cache(cache_key) {
+            return Err(FerrumError::invalid(format!(
+                "no KV cache for {cache_key}: call init_kv_cache first"
+            )));
+        }
+        let logits = self.model.try_decode(cache_key, token_id, position)?;
+        TensorRef::new(vec![1, 1, logits.len()], logits)
+    }
+
+    fn init_kv_cache(
+        &mut self,
+        cache_key: &str,
+        kv_data: Vec<(TensorRef, TensorRef)>,
+        prefill_len: usize,
+    ) -> Result<()> {
+        self.model.import_kv(cache_key, &kv_data, prefill_len)
+    }
+
+    fn has_kv_cache(&self, cache_key: &str) -> bool {
+        self.model.caches.contains_key(cache_key)
+    }
+
+    fn release_kv_cache(&mut self, cache_key: &str) {
+        self.model.release(cache_key);
+    }
+
+    fn name(&self) -> &str {
+        &self.name
     }
 }

