@@ -16,7 +16,7 @@
 //! each op reads and writes only the extent its size arguments describe. A
 //! buffer smaller than that extent is a caller bug and panics.
 
-use ferrum_types::{FerrumError, Result};
+use ferrum_types::{FerrumError, GgmlType, Result};
 
 /// Which quantization scheme a [`Backend::gemm_quant`] weight uses.
 ///
@@ -47,17 +47,80 @@ pub enum GgufQuantType {
     Q5K,
     Q6K,
     Q8_0,
+    Q5_0,
+    Q5_1,
+    Q2K,
+    Q3K,
+}
+
+impl GgufQuantType {
+    /// The block format of a GGUF tensor type, if it has a kernel.
+    pub fn from_ggml(t: GgmlType) -> Option<Self> {
+        Some(match t {
+            GgmlType::Q4_0 => Self::Q4_0,
+            GgmlType::Q4_1 => Self::Q4_1,
+            GgmlType::Q5_0 => Self::Q5_0,
+            GgmlType::Q5_1 => Self::Q5_1,
+            GgmlType::Q8_0 => Self::Q8_0,
+            GgmlType::Q2_K => Self::Q2K,
+            GgmlType::Q3_K => Self::Q3K,
+            GgmlType::Q4_K => Self::Q4K,
+            GgmlType::Q5_K => Self::Q5K,
+            GgmlType::Q6_K => Self::Q6K,
+            _ => return None,
+        })
+    }
+
+    /// The GGUF tensor type.
+    pub fn ggml(self) -> GgmlType {
+        match self {
+            Self::Q4_0 => GgmlType::Q4_0,
+            Self::Q4_1 => GgmlType::Q4_1,
+            Self::Q5_0 => GgmlType::Q5_0,
+            Self::Q5_1 => GgmlType::Q5_1,
+            Self::Q8_0 => GgmlType::Q8_0,
+            Self::Q2K => GgmlType::Q2_K,
+            Self::Q3K => GgmlType::Q3_K,
+            Self::Q4K => GgmlType::Q4_K,
+            Self::Q5K => GgmlType::Q5_K,
+            Self::Q6K => GgmlType::Q6_K,
+        }
+    }
 }
 
 /// The packed buffers of one quantized weight.
 ///
 /// Formats that keep scales inside their blocks (all GGUF types) use only
 /// `qweight`; the backend checks that the buffers it needs are present.
+/// GGUF blocks travel in an ordinary buffer as raw bits (see
+/// [`pack_bytes`]): the buffer's memory *is* the `[n, k]` weight in the
+/// file's block layout, so no per-backend upload method is needed.
 pub struct QuantWeights<'a, B: Backend> {
     pub qweight: &'a B::Buffer,
     pub scales: Option<&'a B::Buffer>,
     pub zeros: Option<&'a B::Buffer>,
     pub g_idx: Option<&'a B::Buffer>,
+}
+
+/// Packs raw bytes (a GGUF tensor's blocks) into f32 words bit for bit, for
+/// `Backend::from_slice`; the tail is zero-padded to a whole word. Copying
+/// f32 values never alters their bits, so backends store them unchanged.
+pub fn pack_bytes(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks(4)
+        .map(|c| {
+            let mut w = [0u8; 4];
+            w[..c.len()].copy_from_slice(c);
+            f32::from_bits(u32::from_le_bytes(w))
+        })
+        .collect()
+}
+
+/// Views packed words as the bytes [`pack_bytes`] stored.
+pub fn packed_bytes(words: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding or invalid bit patterns; u8 has alignment 1;
+    // the byte length is exactly 4 × the word count.
+    unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), std::mem::size_of_val(words)) }
 }
 
 /// Reduction applied by [`Backend::all_reduce`].

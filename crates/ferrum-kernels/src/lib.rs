@@ -8,5 +8,8 @@ mod backend;
 pub mod cpu;
 pub mod quant;
 
-pub use backend::{AttnConfig, Backend, GgufQuantType, KvCache, QuantKind, QuantWeights, ReduceOp};
+pub use backend::{
+    pack_bytes, packed_bytes, AttnConfig, Backend, GgufQuantType, KvCache, QuantKind, QuantWeights,
+    ReduceOp,
+};
 pub use cpu::{CpuBackend, CpuBuffer, CpuGptqWeight};

@@ -11,9 +11,7 @@
 
 #![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
 
-use ferrum_kernels::{
-    AttnConfig, Backend, CpuBackend, GgufQuantType, KvCache, QuantKind, QuantWeights, ReduceOp,
-};
+use ferrum_kernels::{AttnConfig, Backend, CpuBackend, KvCache, QuantKind, QuantWeights, ReduceOp};
 use proptest::prelude::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -818,12 +816,14 @@ fn check_documented_defaults<Bk: Backend>() {
         zeros: None,
         g_idx: None,
     };
-    let kind = QuantKind::Gguf {
-        quant_type: GgufQuantType::Q4K,
+    // GGUF kinds have CPU kernels; AWQ has none on any backend yet.
+    let kind = QuantKind::Awq {
+        bits: 4,
+        group_size: 128,
     };
     let err = Bk::gemm_quant(&mut ctx, &a, &w, &mut out, 1, 1, 4, &kind).unwrap_err();
     assert!(
-        err.is_unsupported() && err.to_string().contains("Q4K"),
+        err.is_unsupported() && err.to_string().contains("Awq"),
         "{err}"
     );
     let cfg = AttnConfig::default();

@@ -13,10 +13,10 @@ use super::{simd, SyncPtr};
 /// `cargo bench -p ferrum-kernels --bench gemm` on 2 AVX2 cores: at m = 16
 /// the `gemm` crate is ~12% faster than streaming (78 vs 68 GFLOP/s at
 /// n = 4864, k = 896), so streaming is kept for decode-sized batches only.
-const STREAMING_MAX_M: usize = 8;
+pub(crate) const STREAMING_MAX_M: usize = 8;
 
 /// Weight rows per parallel task: enough to amortise task overhead.
-const ROWS_PER_TASK: usize = 16;
+pub(crate) const ROWS_PER_TASK: usize = 16;
 
 pub(crate) fn gemm(a: &[f32], b: &[f32], out: &mut [f32], m: usize, n: usize, k: usize) {
     let (a, b, out) = (&a[..m * k], &b[..n * k], &mut out[..m * n]);
@@ -30,7 +30,8 @@ pub(crate) fn gemm(a: &[f32], b: &[f32], out: &mut [f32], m: usize, n: usize, k:
     if m <= STREAMING_MAX_M {
         streaming(a, b, out, m, n, k);
     } else {
-        blocked(a, b, out, m, n, k);
+        // SAFETY: `out` holds exactly m × n values with row stride n.
+        unsafe { blocked(a, b, out.as_mut_ptr(), n, m, n, k) };
     }
 }
 
@@ -59,7 +60,7 @@ fn streaming(a: &[f32], b: &[f32], out: &mut [f32], m: usize, n: usize, k: usize
 }
 
 /// `dots[i] = a[i, :] · w` for every row of `a`, reading `w` once.
-fn multi_dot(a: &[f32], w: &[f32], k: usize, dots: &mut [f32]) {
+pub(crate) fn multi_dot(a: &[f32], w: &[f32], k: usize, dots: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if simd::has_avx2() {
         let mut i = 0;
@@ -109,7 +110,22 @@ unsafe fn dot4_avx2(a: &[f32], w: &[f32], k: usize) -> [f32; 4] {
     res
 }
 
-fn blocked(a: &[f32], b: &[f32], out: &mut [f32], m: usize, n: usize, k: usize) {
+/// `out[i, j] = a[i, :] · b[j, :]` through the `gemm` crate, writing row `i`
+/// of the result at `out + i · ldo` (a column block of a wider matrix).
+///
+/// # Safety
+/// `out` must be valid for writes of `m` rows of `n` values at stride `ldo`,
+/// and nothing else may access that memory during the call.
+pub(crate) unsafe fn blocked(
+    a: &[f32],
+    b: &[f32],
+    out: *mut f32,
+    ldo: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+) {
+    let (a, b) = (&a[..m * k], &b[..n * k]);
     let threads = rayon::current_num_threads();
     let par = if threads > 1 {
         gemm::Parallelism::Rayon(threads)
@@ -117,16 +133,16 @@ fn blocked(a: &[f32], b: &[f32], out: &mut [f32], m: usize, n: usize, k: usize) 
         gemm::Parallelism::None
     };
     // SAFETY: the strides describe a[m, k] (row-major), bᵀ viewed as a
-    // [k, n] matrix with column stride k, and out[m, n] row-major; the slices
-    // were bounds-checked to exactly these extents by `gemm`.
+    // [k, n] matrix with column stride k, and out[m, n] with row stride ldo,
+    // which the caller guarantees is writable.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            out.as_mut_ptr(),
+            out,
             1,
-            n as isize,
+            ldo as isize,
             false,
             a.as_ptr(),
             1,

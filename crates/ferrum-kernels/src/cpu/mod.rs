@@ -7,6 +7,7 @@ mod gptq;
 mod layout;
 mod matmul;
 mod norm;
+mod quant_gemm;
 mod rope;
 pub(crate) mod simd;
 
@@ -17,7 +18,7 @@ use rayon::prelude::*;
 
 pub use gptq::CpuGptqWeight;
 
-use crate::{AttnConfig, Backend};
+use crate::{packed_bytes, AttnConfig, Backend, QuantKind, QuantWeights};
 
 /// Element-wise work below this many values stays on the calling thread:
 /// waking the pool costs more than it saves (decode-sized rows).
@@ -141,6 +142,33 @@ impl Backend for CpuBackend {
         }
         matmul::gemm(a, &weight.w, out, m, n, k);
         Ok(())
+    }
+
+    /// GGUF block formats; GPTQ and AWQ go through `load_gptq` / `gemm_gptq`.
+    fn gemm_quant(
+        _ctx: &mut Self::Context,
+        a: &Self::Buffer,
+        weights: &QuantWeights<'_, Self>,
+        out: &mut Self::Buffer,
+        m: usize,
+        n: usize,
+        k: usize,
+        kind: &QuantKind,
+    ) -> Result<()> {
+        match kind {
+            QuantKind::Gguf { quant_type } => quant_gemm::gemm_gguf(
+                a,
+                packed_bytes(weights.qweight),
+                quant_type.ggml(),
+                out,
+                m,
+                n,
+                k,
+            ),
+            other => Err(FerrumError::unsupported(format!(
+                "gemm_quant({other:?}) on the CPU: load GPTQ weights with load_gptq"
+            ))),
+        }
     }
 
     fn gemm(

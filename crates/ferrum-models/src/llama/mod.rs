@@ -19,7 +19,7 @@ use ferrum_kernels::{AttnConfig, Backend, KvCache};
 use ferrum_types::{DecodeBackend, FerrumError, Result, TensorRef};
 
 pub use config::{Activation, Arch, LlamaConfig};
-use weights::{Source, Weights};
+use weights::{Embedding, Source, Weights};
 
 use crate::llm::{kv_capacity_from_env, DecoderOnlyLLM, LlmRuntimeConfig};
 
@@ -250,11 +250,11 @@ impl<B: Backend> LlamaModel<B> {
         let rows: usize = segs.iter().map(|s| s.tokens.len()).sum();
         let seg_rows = segs.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
         self.scratch.ensure(&self.cfg, rows, seg_rows);
-        self.run_layers(segs, rows);
+        self.run_layers(segs, rows)?;
         self.logits(segs)
     }
 
-    fn run_layers(&mut self, segs: &[Segment], rows: usize) {
+    fn run_layers(&mut self, segs: &[Segment], rows: usize) -> Result<()> {
         let c = &self.cfg;
         let (h, hd, nh, nkv, im) = (c.hidden, c.head_dim, c.heads, c.kv_heads, c.intermediate);
         let (qd, kvd) = (nh * hd, nkv * hd);
@@ -263,7 +263,7 @@ impl<B: Backend> LlamaModel<B> {
         let ctx = &mut B::new_context();
 
         let ids: Vec<u32> = segs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
-        B::embedding_lookup(ctx, &self.w.embed, &ids, &mut s.x, h);
+        self.w.embed.lookup(ctx, &ids, &mut s.x, h)?;
         B::rms_norm(
             ctx,
             &s.x,
@@ -277,7 +277,8 @@ impl<B: Backend> LlamaModel<B> {
         let mode = if c.qk_norm { 1 } else { 2 };
         for (l, lw) in self.w.layers.iter().enumerate() {
             // Attention.
-            B::gemm(ctx, &s.xn, &lw.qkv, &mut s.qkv, rows, qd + 2 * kvd, h);
+            lw.qkv
+                .forward(ctx, &s.xn, &mut s.qkv, rows, qd + 2 * kvd, h)?;
             if let Some(b) = &lw.qkv_bias {
                 B::add_bias(ctx, &mut s.qkv, b, rows, qd + 2 * kvd);
             }
@@ -381,7 +382,7 @@ impl<B: Backend> LlamaModel<B> {
                 B::copy_slice(ctx, &s.seg_tok, 0, &mut s.attn, r0 * qd, n * qd);
                 r0 += n;
             }
-            B::gemm(ctx, &s.attn, &lw.o, &mut s.o, rows, h, qd);
+            lw.o.forward(ctx, &s.attn, &mut s.o, rows, h, qd)?;
             // Residual + pre-MLP norm.
             match &lw.post_attn_norm {
                 Some(post) => {
@@ -401,14 +402,15 @@ impl<B: Backend> LlamaModel<B> {
                 ),
             }
             // MLP.
-            B::gemm(ctx, &s.xn, &lw.gate_up, &mut s.gate_up, rows, 2 * im, h);
+            lw.gate_up
+                .forward(ctx, &s.xn, &mut s.gate_up, rows, 2 * im, h)?;
             match c.act {
                 Activation::Silu => B::fused_silu_mul_split(ctx, &s.gate_up, &mut s.act, rows, im),
                 Activation::GeluTanh => {
                     B::fused_gelu_tanh_mul_split(ctx, &s.gate_up, &mut s.act, rows, im)
                 }
             }
-            B::gemm(ctx, &s.act, &lw.down, &mut s.o, rows, h, im);
+            lw.down.forward(ctx, &s.act, &mut s.o, rows, h, im)?;
             // Residual + the next layer's (or the final) norm.
             let next_norm = match self.w.layers.get(l + 1) {
                 Some(next) => &next.attn_norm,
@@ -426,6 +428,7 @@ impl<B: Backend> LlamaModel<B> {
             }
         }
         B::sync(ctx);
+        Ok(())
     }
 
     /// Final-normed hidden states (`scratch.xn`) → logits for wanted rows.
@@ -447,9 +450,16 @@ impl<B: Backend> LlamaModel<B> {
         for (i, &r) in picks.iter().enumerate() {
             B::copy_slice(ctx, &self.scratch.xn, r * h, &mut sel, i * h, h);
         }
-        let head = self.w.lm_head.as_ref().unwrap_or(&self.w.embed);
         let mut out = B::alloc(picks.len() * vocab);
-        B::gemm(ctx, &sel, head, &mut out, picks.len(), vocab, h);
+        match (&self.w.lm_head, &self.w.embed) {
+            (Some(head), _) => head.forward(ctx, &sel, &mut out, picks.len(), vocab, h)?,
+            (None, Embedding::Dense(table)) => {
+                B::gemm(ctx, &sel, table, &mut out, picks.len(), vocab, h)
+            }
+            (None, Embedding::Blocks { .. }) => {
+                return Err(FerrumError::invalid("tied head needs a dense table"))
+            }
+        }
         B::sync(ctx);
         let mut all = B::to_vec(&out, picks.len() * vocab);
         if let Some(cap) = self.cfg.final_softcap {

@@ -2,14 +2,14 @@
 //! buffers.
 //!
 //! Weights are addressed by canonical per-layer roles and mapped to each
-//! format's tensor names here, so one loader serves both. This version
-//! dequantizes GGUF weights to f32 at load; quantized kernels replace that
-//! in the CPU-speed work without changing the model code.
+//! format's tensor names here, so one loader serves both. GGUF weights in a
+//! block format with a `gemm_quant` kernel stay in their blocks (a quarter
+//! to an eighth of f32); other types are dequantized to f32 at load.
 
 use ferrum_formats::gguf::GgufFile;
 use ferrum_formats::safetensors::SafeTensors;
 use ferrum_kernels::quant::dequantize;
-use ferrum_kernels::Backend;
+use ferrum_kernels::{pack_bytes, Backend, GgufQuantType, QuantKind, QuantWeights};
 use ferrum_types::{FerrumError, Result};
 
 use super::config::{Arch, LlamaConfig};
@@ -93,85 +93,256 @@ fn layer_name(src: &Source, arch: Arch, role: Role, i: usize) -> String {
     }
 }
 
-/// Reads a tensor as f32 with its row-major shape.
-fn read(src: &Source, name: &str) -> Result<Option<(Vec<f32>, Vec<usize>)>> {
-    match src {
-        Source::Gguf(g) => {
-            let Some(t) = g.tensor(name) else {
-                return Ok(None);
-            };
-            let mut out = vec![0f32; t.numel() as usize];
-            dequantize(t.ty, g.tensor_data(t), &mut out)
-                .map_err(|e| g.error(format!("tensor {name}: {e}")))?;
-            Ok(Some((out, t.shape())))
-        }
-        Source::Hf(st) => {
-            if !st.contains(name) {
-                return Ok(None);
+/// A weight matrix `[rows, k]` on the host, as loaded.
+enum Raw {
+    F32(Vec<f32>),
+    Blocks { bytes: Vec<u8>, ty: GgufQuantType },
+}
+
+impl Raw {
+    fn to_f32(&self, rows: usize, k: usize) -> Result<Vec<f32>> {
+        match self {
+            Raw::F32(v) => Ok(v.clone()),
+            Raw::Blocks { bytes, ty } => {
+                let mut out = vec![0f32; rows * k];
+                dequantize(ty.ggml(), bytes, &mut out)?;
+                Ok(out)
             }
-            st.to_f32(name).map(Some)
         }
     }
+
+    /// Reorders rows: row `dst` of the result is row `src_of(dst)` here.
+    fn permute_rows(&self, rows: usize, src_of: impl Fn(usize) -> usize) -> Raw {
+        match self {
+            Raw::F32(v) => Raw::F32(gather_rows(v, rows, &src_of)),
+            Raw::Blocks { bytes, ty } => Raw::Blocks {
+                bytes: gather_rows(bytes, rows, &src_of),
+                ty: *ty,
+            },
+        }
+    }
+}
+
+/// Row `d` of the result is row `src_of(d)` of `v` (`rows` equal rows).
+fn gather_rows<T: Copy>(v: &[T], rows: usize, src_of: &dyn Fn(usize) -> usize) -> Vec<T> {
+    let w = v.len() / rows;
+    (0..rows)
+        .flat_map(|d| v[src_of(d) * w..(src_of(d) + 1) * w].iter().copied())
+        .collect()
 }
 
 fn missing(name: &str) -> FerrumError {
     FerrumError::invalid(format!("tensor {name} is missing from the checkpoint"))
 }
 
-/// Reads `name` and checks it has `numel` values.
-fn expect(src: &Source, name: &str, numel: usize) -> Result<Vec<f32>> {
-    let (v, shape) = read(src, name)?.ok_or_else(|| missing(name))?;
-    if v.len() != numel {
-        return Err(FerrumError::invalid(format!(
-            "tensor {name} has shape {shape:?} ({} values), expected {numel}",
-            v.len()
-        )));
+/// Reads `name` (expected to hold `numel` values), keeping supported GGUF
+/// block formats as they are.
+fn read(src: &Source, name: &str, numel: usize) -> Result<Option<Raw>> {
+    let wrong = |shape: &[usize], got: u64| {
+        FerrumError::invalid(format!(
+            "tensor {name} has shape {shape:?} ({got} values), expected {numel}"
+        ))
+    };
+    match src {
+        Source::Gguf(g) => {
+            let Some(t) = g.tensor(name) else {
+                return Ok(None);
+            };
+            if t.numel() != numel as u64 {
+                return Err(wrong(&t.shape(), t.numel()));
+            }
+            let data = g.tensor_data(t);
+            if let Some(qt) = GgufQuantType::from_ggml(t.ty).filter(|_| t.dims.len() == 2) {
+                return Ok(Some(Raw::Blocks {
+                    bytes: data.to_vec(),
+                    ty: qt,
+                }));
+            }
+            let mut out = vec![0f32; numel];
+            dequantize(t.ty, data, &mut out).map_err(|e| g.error(format!("tensor {name}: {e}")))?;
+            Ok(Some(Raw::F32(out)))
+        }
+        Source::Hf(st) => {
+            if !st.contains(name) {
+                return Ok(None);
+            }
+            let (v, shape) = st.to_f32(name)?;
+            if v.len() != numel {
+                return Err(wrong(&shape, v.len() as u64));
+            }
+            Ok(Some(Raw::F32(v)))
+        }
     }
-    Ok(v)
 }
 
-/// Undoes llama.cpp's interleaving permutation of Q/K rows in GGUF `llama`
-/// checkpoints (so the half-split RoPE kernel applies): within each head,
-/// GGUF row `2i + j` is original row `j·hd/2 + i`.
-fn unpermute_rows(w: &[f32], heads: usize, head_dim: usize, row_len: usize) -> Vec<f32> {
-    let mut out = vec![0f32; w.len()];
-    let half = head_dim / 2;
-    for h in 0..heads {
-        for i in 0..half {
-            for j in 0..2 {
-                let src = h * head_dim + 2 * i + j;
-                let dst = h * head_dim + j * half + i;
-                out[dst * row_len..(dst + 1) * row_len]
-                    .copy_from_slice(&w[src * row_len..(src + 1) * row_len]);
+fn require(src: &Source, name: &str, numel: usize) -> Result<Raw> {
+    read(src, name, numel)?.ok_or_else(|| missing(name))
+}
+
+/// Reads an f32 vector (norm weights, biases).
+fn vector(src: &Source, name: &str, n: usize) -> Result<Vec<f32>> {
+    require(src, name, n)?.to_f32(1, n)
+}
+
+/// A projection weight `[n, k]` in backend memory.
+pub enum Linear<B: Backend> {
+    Dense(B::Buffer),
+    Quant(B::Buffer, QuantKind),
+}
+
+impl<B: Backend> Linear<B> {
+    fn upload(raw: Raw) -> Self {
+        match raw {
+            Raw::F32(v) => Linear::Dense(B::from_slice(&v)),
+            Raw::Blocks { bytes, ty } => Linear::Quant(
+                B::from_slice(&pack_bytes(&bytes)),
+                QuantKind::Gguf { quant_type: ty },
+            ),
+        }
+    }
+
+    /// `out[m, n] = x[m, k] · Wᵀ`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        ctx: &mut B::Context,
+        x: &B::Buffer,
+        out: &mut B::Buffer,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
+        match self {
+            Linear::Dense(w) => {
+                B::gemm(ctx, x, w, out, m, n, k);
+                Ok(())
+            }
+            Linear::Quant(w, kind) => {
+                let qw = QuantWeights::<B> {
+                    qweight: w,
+                    scales: None,
+                    zeros: None,
+                    g_idx: None,
+                };
+                B::gemm_quant(ctx, x, &qw, out, m, n, k, kind)
             }
         }
     }
-    out
+}
+
+/// Concatenates row blocks into one weight, keeping blocks when every part
+/// has the same block type and falling back to f32 otherwise.
+fn fuse(parts: Vec<(Raw, usize)>, k: usize) -> Result<Raw> {
+    let same_blocks = match parts.first() {
+        Some((Raw::Blocks { ty, .. }, _)) => {
+            let t = *ty;
+            parts
+                .iter()
+                .all(|(r, _)| matches!(r, Raw::Blocks { ty, .. } if *ty == t))
+                .then_some(t)
+        }
+        _ => None,
+    };
+    if let Some(ty) = same_blocks {
+        let mut bytes = Vec::new();
+        for (r, _) in parts {
+            if let Raw::Blocks { bytes: b, .. } = r {
+                bytes.extend(b);
+            }
+        }
+        return Ok(Raw::Blocks { bytes, ty });
+    }
+    let mut all = Vec::new();
+    for (r, rows) in parts {
+        all.extend(r.to_f32(rows, k)?);
+    }
+    Ok(Raw::F32(all))
+}
+
+/// The token embedding table, for lookups.
+pub enum Embedding<B: Backend> {
+    /// f32 rows in backend memory (pre-scaled when the model scales).
+    Dense(B::Buffer),
+    /// GGUF blocks on the host; looked-up rows are dequantized per call.
+    Blocks {
+        bytes: Vec<u8>,
+        ty: GgufQuantType,
+        row_bytes: usize,
+        scale: Option<f32>,
+    },
+}
+
+impl<B: Backend> Embedding<B> {
+    /// Writes the rows of `ids` into `out` (`[ids.len(), dim]`).
+    pub fn lookup(
+        &self,
+        ctx: &mut B::Context,
+        ids: &[u32],
+        out: &mut B::Buffer,
+        dim: usize,
+    ) -> Result<()> {
+        match self {
+            Embedding::Dense(t) => B::embedding_lookup(ctx, t, ids, out, dim),
+            Embedding::Blocks {
+                bytes,
+                ty,
+                row_bytes,
+                scale,
+            } => {
+                let mut rows = vec![0f32; ids.len() * dim];
+                for (r, &id) in rows.chunks_exact_mut(dim).zip(ids) {
+                    let start = id as usize * row_bytes;
+                    let src = bytes.get(start..start + row_bytes).ok_or_else(|| {
+                        FerrumError::invalid(format!(
+                            "token id {id} is outside the embedding table"
+                        ))
+                    })?;
+                    dequantize(ty.ggml(), src, r)?;
+                    if let Some(s) = scale {
+                        r.iter_mut().for_each(|v| *v *= s);
+                    }
+                }
+                B::copy_slice(ctx, &B::from_slice(&rows), 0, out, 0, rows.len());
+            }
+        }
+        Ok(())
+    }
 }
 
 /// One transformer block's weights in backend memory.
 pub struct LayerWeights<B: Backend> {
     pub attn_norm: B::Buffer,
     /// Fused `[q_dim + 2·kv_dim, hidden]`.
-    pub qkv: B::Buffer,
+    pub qkv: Linear<B>,
     pub qkv_bias: Option<B::Buffer>,
-    pub o: B::Buffer,
+    pub o: Linear<B>,
     pub q_norm: Option<B::Buffer>,
     pub k_norm: Option<B::Buffer>,
     pub post_attn_norm: Option<B::Buffer>,
     pub ffn_norm: B::Buffer,
     pub post_ffn_norm: Option<B::Buffer>,
     /// Fused `[2·intermediate, hidden]`, gate rows first.
-    pub gate_up: B::Buffer,
-    pub down: B::Buffer,
+    pub gate_up: Linear<B>,
+    pub down: Linear<B>,
 }
 
 pub struct Weights<B: Backend> {
-    pub embed: B::Buffer,
+    pub embed: Embedding<B>,
     pub layers: Vec<LayerWeights<B>>,
     pub final_norm: B::Buffer,
-    /// `None`: tied to `embed` (which is then unscaled).
-    pub lm_head: Option<B::Buffer>,
+    /// `None`: tied to the (unscaled, dense) embedding table.
+    pub lm_head: Option<Linear<B>>,
+}
+
+/// llama.cpp interleaves Q/K rows in GGUF `llama` checkpoints; this maps
+/// each row of the original (half-split RoPE) order to its GGUF row: within
+/// a head, original row `j·hd/2 + i` is GGUF row `2i + j`.
+fn gguf_row_of(hd: usize) -> impl Fn(usize) -> usize {
+    let half = hd / 2;
+    move |dst| {
+        let (h, r) = (dst / hd, dst % hd);
+        h * hd + 2 * (r % half) + r / half
+    }
 }
 
 impl<B: Backend> Weights<B> {
@@ -185,9 +356,9 @@ impl<B: Backend> Weights<B> {
         } else {
             0.0
         };
-        let unpermute = gguf && cfg.arch == Arch::Llama;
+        let permuted = gguf && cfg.arch == Arch::Llama;
         let norm = |name: &str, n: usize| -> Result<B::Buffer> {
-            let v: Vec<f32> = expect(src, name, n)?
+            let v: Vec<f32> = vector(src, name, n)?
                 .into_iter()
                 .map(|x| x + norm_shift)
                 .collect();
@@ -202,42 +373,43 @@ impl<B: Backend> Weights<B> {
                 "lm_head.weight",
             ),
         };
-        let embed_f32 = expect(src, embed_name, cfg.vocab * h)?;
         let mut layers = Vec::with_capacity(cfg.layers);
         for i in 0..cfg.layers {
             use Role::*;
-            let mut q = expect(src, &name(Q, i), qd * h)?;
-            let mut k = expect(src, &name(K, i), kvd * h)?;
-            if unpermute {
-                q = unpermute_rows(&q, nh, hd, h);
-                k = unpermute_rows(&k, nkv, hd, h);
+            let mut q = require(src, &name(Q, i), qd * h)?;
+            let mut k = require(src, &name(K, i), kvd * h)?;
+            if permuted {
+                q = q.permute_rows(qd, gguf_row_of(hd));
+                k = k.permute_rows(kvd, gguf_row_of(hd));
             }
-            let v = expect(src, &name(V, i), kvd * h)?;
-            let qkv: Vec<f32> = [q, k, v].concat();
+            let v = require(src, &name(V, i), kvd * h)?;
+            let qkv = fuse(vec![(q, qd), (k, kvd), (v, kvd)], h)?;
             let qkv_bias = if cfg.qkv_bias {
-                let mut qb = expect(src, &name(QBias, i), qd)?;
-                let mut kb = expect(src, &name(KBias, i), kvd)?;
-                if unpermute {
-                    qb = unpermute_rows(&qb, nh, hd, 1);
-                    kb = unpermute_rows(&kb, nkv, hd, 1);
+                let mut qb = vector(src, &name(QBias, i), qd)?;
+                let mut kb = vector(src, &name(KBias, i), kvd)?;
+                if permuted {
+                    qb = gather_rows(&qb, qd, &gguf_row_of(hd));
+                    kb = gather_rows(&kb, kvd, &gguf_row_of(hd));
                 }
-                let vb = expect(src, &name(VBias, i), kvd)?;
+                let vb = vector(src, &name(VBias, i), kvd)?;
                 Some(B::from_slice(&[qb, kb, vb].concat()))
             } else {
                 None
             };
-            let gate_up = [
-                expect(src, &name(Gate, i), im * h)?,
-                expect(src, &name(Up, i), im * h)?,
-            ]
-            .concat();
+            let gate_up = fuse(
+                vec![
+                    (require(src, &name(Gate, i), im * h)?, im),
+                    (require(src, &name(Up, i), im * h)?, im),
+                ],
+                h,
+            )?;
             let opt_norm =
                 |role, n| -> Result<Option<B::Buffer>> { Ok(Some(norm(&name(role, i), n)?)) };
             layers.push(LayerWeights {
                 attn_norm: norm(&name(AttnNorm, i), h)?,
-                qkv: B::from_slice(&qkv),
+                qkv: Linear::upload(qkv),
                 qkv_bias,
-                o: B::from_slice(&expect(src, &name(O, i), h * qd)?),
+                o: Linear::upload(require(src, &name(O, i), h * qd)?),
                 q_norm: if cfg.qk_norm {
                     opt_norm(QNorm, hd)?
                 } else {
@@ -259,31 +431,46 @@ impl<B: Backend> Weights<B> {
                 } else {
                     None
                 },
-                gate_up: B::from_slice(&gate_up),
-                down: B::from_slice(&expect(src, &name(Down, i), h * im)?),
+                gate_up: Linear::upload(gate_up),
+                down: Linear::upload(require(src, &name(Down, i), h * im)?),
             });
         }
-        let mut lm_head = match read(src, head_name)? {
-            Some((v, _)) if v.len() == cfg.vocab * h => Some(B::from_slice(&v)),
-            Some((v, shape)) => {
-                return Err(FerrumError::invalid(format!(
-                    "tensor {head_name} has shape {shape:?} ({} values), expected {}",
-                    v.len(),
-                    cfg.vocab * h
-                )))
+        let embed_raw = require(src, embed_name, cfg.vocab * h)?;
+        let head = read(src, head_name, cfg.vocab * h)?;
+        let (embed, lm_head) = match (embed_raw, head) {
+            (Raw::Blocks { bytes, ty }, head) => {
+                let row_bytes = bytes.len() / cfg.vocab;
+                let lm_head = match head {
+                    Some(raw) => Linear::upload(raw),
+                    None => Linear::upload(Raw::Blocks {
+                        bytes: bytes.clone(),
+                        ty,
+                    }),
+                };
+                let scale = cfg.embed_scale;
+                (
+                    Embedding::Blocks {
+                        bytes,
+                        ty,
+                        row_bytes,
+                        scale,
+                    },
+                    Some(lm_head),
+                )
             }
-            None => None,
-        };
-        // Models that scale embeddings (Gemma: ×√hidden) get a pre-scaled
-        // lookup table; a tied output head keeps the unscaled one.
-        let embed = match cfg.embed_scale {
-            Some(scale) => {
-                if lm_head.is_none() {
-                    lm_head = Some(B::from_slice(&embed_f32));
+            (Raw::F32(table), head) => match (cfg.embed_scale, head) {
+                (None, head) => (
+                    Embedding::Dense(B::from_slice(&table)),
+                    head.map(Linear::upload),
+                ),
+                // Lookups use the scaled table; a tied head the unscaled one.
+                (Some(s), head) => {
+                    let lm_head =
+                        head.map_or_else(|| Linear::Dense(B::from_slice(&table)), Linear::upload);
+                    let scaled: Vec<f32> = table.iter().map(|v| v * s).collect();
+                    (Embedding::Dense(B::from_slice(&scaled)), Some(lm_head))
                 }
-                B::from_slice(&embed_f32.iter().map(|v| v * scale).collect::<Vec<_>>())
-            }
-            None => B::from_slice(&embed_f32),
+            },
         };
         Ok(Self {
             embed,
