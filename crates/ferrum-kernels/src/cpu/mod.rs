@@ -7,6 +7,7 @@ mod gptq;
 mod layout;
 mod matmul;
 mod norm;
+mod quant_dot;
 mod quant_gemm;
 mod rope;
 pub(crate) mod simd;

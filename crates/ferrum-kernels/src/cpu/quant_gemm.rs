@@ -12,6 +12,7 @@ use ferrum_types::{FerrumError, GgmlType, Result};
 use rayon::prelude::*;
 
 use super::matmul::{blocked, multi_dot, ROWS_PER_TASK, STREAMING_MAX_M};
+use super::quant_dot;
 use super::SyncPtr;
 use crate::quant::dequantize;
 
@@ -77,9 +78,15 @@ fn streaming(
             let mut row = row.borrow_mut();
             row.resize(k, 0.0);
             let mut dots = [0f32; STREAMING_MAX_M];
+            let fused = quant_dot::supports(ty);
             for j in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(n) {
-                dequantize(ty, &w[j * row_bytes..(j + 1) * row_bytes], &mut row)?;
-                multi_dot(a, &row, k, &mut dots[..m]);
+                let wrow = &w[j * row_bytes..(j + 1) * row_bytes];
+                if fused {
+                    quant_dot::dot_rows(ty, wrow, a, k, &mut dots[..m]);
+                } else {
+                    dequantize(ty, wrow, &mut row)?;
+                    multi_dot(a, &row, k, &mut dots[..m]);
+                }
                 for (i, &d) in dots[..m].iter().enumerate() {
                     // SAFETY: i < m, j < n; only this task writes column j.
                     unsafe { *ptr.get().add(i * n + j) = d };

@@ -6,6 +6,8 @@
 //! loads small tensors (norms, biases) into f32.
 
 mod kquants;
+
+pub(crate) use kquants::scale_min_k4;
 mod legacy;
 
 use ferrum_types::{FerrumError, GgmlType, Result};
