@@ -16,14 +16,9 @@ use crate::pull::{pull, recipe, RECIPES};
 /// The model `ferrum run` uses when none is given.
 pub const DEFAULT_MODEL: &str = "smollm2";
 
-/// The model cache: `$FERRUM_MODELS`, else `~/.cache/ferrum/models`.
+/// The model cache (see [`ferrum_formats::model_cache_dir`]).
 pub fn cache_dir() -> PathBuf {
-    match std::env::var_os("FERRUM_MODELS") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrum/models")
-        }
-    }
+    ferrum_formats::model_cache_dir()
 }
 
 /// A path as given; an alias or `owner/repo:file`, fetched into the cache

@@ -2,7 +2,6 @@
 
 #![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn ferrum(args: &[&str]) -> Output {
@@ -13,11 +12,7 @@ fn ferrum(args: &[&str]) -> Output {
 }
 
 fn model(name: &str) -> Option<String> {
-    let base = std::env::var_os("FERRUM_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrum/models")
-        });
+    let base = ferrum_formats::model_cache_dir();
     let p = base.join(name);
     if p.exists() {
         Some(p.to_string_lossy().into_owned())

@@ -8,3 +8,13 @@
 pub mod gguf;
 pub mod hf_config;
 pub mod safetensors;
+
+/// Ferrum's model cache: `$FERRUM_MODELS`, else `~/.cache/ferrum/models`
+/// (where `ferrum pull` and `fetch.sh` put models).
+pub fn model_cache_dir() -> std::path::PathBuf {
+    match std::env::var_os("FERRUM_MODELS") {
+        Some(p) => p.into(),
+        None => std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+            .join(".cache/ferrum/models"),
+    }
+}

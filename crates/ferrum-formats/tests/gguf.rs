@@ -245,11 +245,7 @@ fn unknown_tensor_type_and_bad_shapes_are_rejected() {
 }
 
 fn models_dir() -> PathBuf {
-    std::env::var_os("FERRUM_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrum/models")
-        })
+    ferrum_formats::model_cache_dir()
 }
 
 /// A fetched model, or `None` (and a note) when `fetch.sh` has not run.

@@ -92,11 +92,7 @@ fn every_fixture_checkpoint_and_config_loads() {
 
 #[test]
 fn minilm_without_bert_prefix() {
-    let base = std::env::var_os("FERRUM_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrum/models")
-        });
+    let base = ferrum_formats::model_cache_dir();
     let d = base.join("all-MiniLM-L6-v2");
     if !d.is_dir() {
         eprintln!("skipping: {} not found", d.display());

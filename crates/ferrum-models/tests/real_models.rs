@@ -12,11 +12,7 @@ use ferrum_models::DecoderOnlyLLM;
 use ferrum_tokenizer::Tokenizer;
 
 fn fetched(name: &str) -> Option<PathBuf> {
-    let base = std::env::var_os("FERRUM_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrum/models")
-        });
+    let base = ferrum_formats::model_cache_dir();
     let p = base.join(name);
     if p.exists() {
         Some(p)

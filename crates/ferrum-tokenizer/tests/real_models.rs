@@ -10,11 +10,7 @@ use ferrum_formats::gguf::GgufFile;
 use ferrum_tokenizer::Tokenizer;
 
 fn models() -> PathBuf {
-    std::env::var_os("FERRUM_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrum/models")
-        })
+    ferrum_formats::model_cache_dir()
 }
 
 fn fetched(rel: &str) -> Option<PathBuf> {

@@ -11,11 +11,7 @@ use ferrum_formats::gguf::GgufFile;
 use ferrum_tokenizer::Tokenizer;
 
 fn vocab_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("FERRUM_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ferrum/models")
-        });
+    let base = ferrum_formats::model_cache_dir();
     let dir = base.join("vocab");
     if dir.is_dir() {
         Some(dir)
