@@ -26,6 +26,8 @@ enum Command {
     Inspect(commands::inspect::InspectArgs),
     /// Chat with a model, or complete one --prompt.
     Run(commands::run::RunArgs),
+    /// Embed texts with an encoder model (default: all-MiniLM-L6-v2).
+    Embed(commands::embed::EmbedArgs),
     /// Measure perplexity on a text file (llama-perplexity's method).
     Perplexity(commands::perplexity::PerplexityArgs),
     /// Download a model: an alias (smollm2, qwen2.5-coder:0.5b, ...) or owner/repo:file.
@@ -50,6 +52,7 @@ fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Run(a) => commands::run::run(a),
+        Command::Embed(a) => commands::embed::run(a),
         Command::Perplexity(a) => commands::perplexity::run(a),
         Command::Tokenize(a) => commands::tokenize::run(a),
         Command::Pull { model } => pull::pull(&model).map(|p| println!("{}", p.display())),

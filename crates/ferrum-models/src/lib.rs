@@ -1,6 +1,7 @@
 //! Model architectures for Ferrum and the interface the engine drives them
 //! through ([`DecoderOnlyLLM`]).
 
+pub mod bert;
 pub mod llama;
 mod llm;
 pub mod rope;

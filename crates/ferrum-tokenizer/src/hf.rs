@@ -41,7 +41,15 @@ impl HfTokenizer {
         let path = dir.join("tokenizer.json");
         let json = read_json(&path)?
             .ok_or_else(|| FerrumError::bad_file(&path, "tokenizer.json not found"))?;
-        let parsing = tokenizers::Tokenizer::from_file(&path)
+        let mut parsing = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| FerrumError::bad_file(&path, format!("cannot load tokenizer: {e}")))?;
+        // Some tokenizer.json files (sentence-transformers' among them) pad
+        // every input to a fixed length and truncate it: `encode` returns
+        // exactly the text's tokens, and callers that limit length (the
+        // embedder, the context check) do it themselves with a clear count.
+        parsing.with_padding(None);
+        parsing
+            .with_truncation(None)
             .map_err(|e| FerrumError::bad_file(&path, format!("cannot load tokenizer: {e}")))?;
         let mut literal = parsing.clone();
         literal.set_encode_special_tokens(true);

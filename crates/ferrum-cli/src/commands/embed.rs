@@ -1,0 +1,78 @@
+//! `ferrum embed`: one vector per input text.
+
+use std::io::{BufRead, Write};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use ferrum_engine::{EmbedInput, Embedder};
+use ferrum_kernels::CpuBackend;
+
+use crate::model_files::resolve;
+
+#[derive(Args)]
+pub struct EmbedArgs {
+    /// Embedding model: a Hugging Face folder (BERT + tokenizer.json) or an alias.
+    #[arg(long, default_value = "minilm")]
+    model: String,
+    /// Print one JSON object per input ({"index","tokens","embedding"}) instead of plain numbers.
+    #[arg(long)]
+    json: bool,
+    /// L2-normalise the vectors even when the model's modules.json does not ask for it.
+    #[arg(long)]
+    normalize: bool,
+    /// Reject inputs longer than the model's limit instead of truncating them.
+    #[arg(long)]
+    no_truncate: bool,
+    /// Texts to embed; without any, one text per line of standard input.
+    text: Vec<String>,
+}
+
+pub fn run(args: EmbedArgs) -> Result<()> {
+    let dir = resolve(&args.model)?;
+    if !dir.is_dir() {
+        bail!(
+            "{}: embedding models are Hugging Face folders (config.json, model.safetensors, tokenizer.json), e.g. --model minilm",
+            dir.display()
+        );
+    }
+    let mut embedder =
+        Embedder::<CpuBackend>::load(&dir).with_context(|| format!("loading {}", dir.display()))?;
+    if args.normalize {
+        embedder.set_normalize(true);
+    }
+    let texts = if args.text.is_empty() {
+        std::io::stdin()
+            .lock()
+            .lines()
+            .collect::<std::io::Result<Vec<String>>>()
+            .context("reading standard input")?
+    } else {
+        args.text
+    };
+    let inputs: Vec<EmbedInput> = texts.into_iter().map(EmbedInput::Text).collect();
+    let start = Instant::now();
+    let out = embedder.embed(&inputs, !args.no_truncate)?;
+    let secs = start.elapsed().as_secs_f64();
+    let tokens: usize = out.iter().map(|e| e.tokens).sum();
+    let truncated = out.iter().filter(|e| e.truncated).count();
+    tracing::info!(
+        inputs = out.len(),
+        tokens,
+        truncated,
+        seconds = format!("{secs:.3}"),
+        inputs_per_s = format!("{:.1}", out.len() as f64 / secs),
+        "embedded"
+    );
+    let mut stdout = std::io::stdout().lock();
+    for (i, e) in out.iter().enumerate() {
+        if args.json {
+            let line = serde_json::json!({"index": i, "tokens": e.tokens, "embedding": e.vector});
+            writeln!(stdout, "{line}")?;
+        } else {
+            let nums: Vec<String> = e.vector.iter().map(|x| format!("{x:.6}")).collect();
+            writeln!(stdout, "{}", nums.join(" "))?;
+        }
+    }
+    Ok(())
+}
