@@ -30,6 +30,8 @@ enum Command {
     Embed(commands::embed::EmbedArgs),
     /// Measure perplexity on a text file (llama-perplexity's method).
     Perplexity(commands::perplexity::PerplexityArgs),
+    /// Serve a model over an OpenAI-compatible HTTP API.
+    Serve(commands::serve::ServeArgs),
     /// Download a model: an alias (smollm2, qwen2.5-coder:0.5b, ...) or owner/repo:file.
     Pull {
         /// What to fetch.
@@ -54,6 +56,7 @@ fn main() -> ExitCode {
         Command::Run(a) => commands::run::run(a),
         Command::Embed(a) => commands::embed::run(a),
         Command::Perplexity(a) => commands::perplexity::run(a),
+        Command::Serve(a) => commands::serve::run(a),
         Command::Tokenize(a) => commands::tokenize::run(a),
         Command::Pull { model } => pull::pull(&model).map(|p| println!("{}", p.display())),
         Command::SystemInfo => {

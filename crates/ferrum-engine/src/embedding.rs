@@ -32,6 +32,13 @@ pub struct Embedding {
     pub truncated: bool,
 }
 
+/// An input tokenized and checked, ready for the encoder.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prepared {
+    pub ids: Vec<u32>,
+    pub truncated: bool,
+}
+
 pub struct Embedder<B: Backend> {
     model: BertModel<B>,
     tokenizer: Tokenizer,
@@ -176,40 +183,52 @@ impl<B: Backend> Embedder<B> {
         Ok((ids, true))
     }
 
-    /// Embeds every input, [`BATCH`] at a time. All inputs are tokenized
-    /// and checked before any is computed, so a bad one fails the call
-    /// without wasted work.
-    pub fn embed(&self, inputs: &[EmbedInput], truncate: bool) -> Result<Vec<Embedding>> {
+    /// Tokenizes and checks every input; a bad one fails the whole call,
+    /// naming its index, before anything is computed.
+    pub fn prepare(&self, inputs: &[EmbedInput], truncate: bool) -> Result<Vec<Prepared>> {
         if inputs.is_empty() {
             return Err(FerrumError::invalid("no input to embed"));
         }
-        let toks = inputs
+        inputs
             .iter()
             .enumerate()
-            .map(|(i, x)| self.tokens(i, x, truncate))
-            .collect::<Result<Vec<_>>>()?;
+            .map(|(i, x)| {
+                let (ids, truncated) = self.tokens(i, x, truncate)?;
+                Ok(Prepared { ids, truncated })
+            })
+            .collect()
+    }
+
+    /// Embeds prepared inputs, [`BATCH`] per encoder pass. The server
+    /// concatenates several requests' inputs into one call.
+    pub fn embed_prepared(&self, inputs: &[Prepared]) -> Result<Vec<Embedding>> {
         let dim = self.dim();
         let mut out = Vec::with_capacity(inputs.len());
-        for chunk in toks.chunks(BATCH) {
+        for chunk in inputs.chunks(BATCH) {
             let batch: Vec<EncoderInput> = chunk
                 .iter()
-                .map(|(ids, _)| EncoderInput {
-                    ids,
+                .map(|p| EncoderInput {
+                    ids: &p.ids,
                     type_ids: None,
                 })
                 .collect();
-            for (hidden, (ids, truncated)) in self.model.forward(&batch)?.iter().zip(chunk) {
+            for (hidden, p) in self.model.forward(&batch)?.iter().zip(chunk) {
                 let mut vector = self.pooling.pool(hidden, dim)?;
                 if self.normalize {
                     l2_normalize(&mut vector);
                 }
                 out.push(Embedding {
                     vector,
-                    tokens: ids.len(),
-                    truncated: *truncated,
+                    tokens: p.ids.len(),
+                    truncated: p.truncated,
                 });
             }
         }
         Ok(out)
+    }
+
+    /// [`Self::prepare`] then [`Self::embed_prepared`].
+    pub fn embed(&self, inputs: &[EmbedInput], truncate: bool) -> Result<Vec<Embedding>> {
+        self.embed_prepared(&self.prepare(inputs, truncate)?)
     }
 }

@@ -8,7 +8,7 @@ pub mod sampler;
 pub mod stop;
 
 pub use decode_executor::GenericDecodeExecutor;
-pub use embedding::{EmbedInput, Embedder, Embedding};
+pub use embedding::{EmbedInput, Embedder, Embedding, Prepared};
 pub use generate::{generate, FinishReason, GenerateOutput, GenerateRequest};
 pub use sampler::{Sampled, Sampler, SamplingParams};
 pub use stop::StopStrings;

@@ -4,4 +4,5 @@ pub mod embed;
 pub mod inspect;
 pub mod perplexity;
 pub mod run;
+pub mod serve;
 pub mod tokenize;

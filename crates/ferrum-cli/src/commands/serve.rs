@@ -1,0 +1,82 @@
+//! `ferrum serve`: the OpenAI-compatible HTTP server.
+
+use std::time::Duration;
+
+use anyhow::{anyhow, Result};
+use clap::Args;
+use ferrum_engine::Embedder;
+use ferrum_kernels::CpuBackend;
+use ferrum_server::{LoadedModel, ServeConfig};
+
+use crate::model_files::{resolve, ModelFiles, DEFAULT_MODEL};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Model: a .gguf file, a Hugging Face folder or an alias. An encoder
+    /// (BERT, e.g. `minilm`) serves /v1/embeddings; a decoder serves chat
+    /// and completions.
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    model: String,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// The model id clients send (default: the --model argument).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Require `Authorization: Bearer KEY` on /v1/* (also FERRUM_API_KEY).
+    #[arg(long, env = "FERRUM_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Requests waiting or running before new ones get HTTP 429.
+    #[arg(long, default_value_t = 256)]
+    max_queue: usize,
+    /// Largest accepted request body in bytes (HTTP 413 above).
+    #[arg(long, default_value_t = 32 << 20)]
+    max_body_bytes: usize,
+    /// Seconds in-flight requests get to finish after SIGINT/SIGTERM.
+    #[arg(long, default_value_t = 30)]
+    shutdown_timeout: u64,
+}
+
+fn is_encoder(dir: &std::path::Path) -> bool {
+    std::fs::read_to_string(dir.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| {
+            v.get("model_type")
+                .and_then(|m| m.as_str())
+                .map(|m| m == "bert")
+        })
+        .unwrap_or(false)
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let path = resolve(&args.model)?;
+    let cfg = ServeConfig {
+        host: args.host,
+        port: args.port,
+        served_model_name: args.served_model_name.unwrap_or_else(|| args.model.clone()),
+        api_key: args.api_key.filter(|k| !k.is_empty()),
+        max_queue: args.max_queue.max(1),
+        max_body_bytes: args.max_body_bytes,
+        shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
+    };
+    let loader = Box::new(move || -> Result<LoadedModel, String> {
+        let load = || -> Result<LoadedModel> {
+            if path.is_dir() && is_encoder(&path) {
+                return Ok(LoadedModel::Embedding(Embedder::<CpuBackend>::load(&path)?));
+            }
+            let files = ModelFiles::open(&path)?;
+            Ok(LoadedModel::Llm {
+                tokenizer: files.tokenizer()?,
+                model: files.load_llm()?,
+            })
+        };
+        load().map_err(|e| format!("{e:#}"))
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(ferrum_server::serve(cfg, loader))
+        .map_err(|e| anyhow!(e))
+}

@@ -1,0 +1,122 @@
+//! `/health`, `/metrics`, `/v1/models`, `/tokenize`, `/detokenize`.
+
+use std::sync::atomic::Ordering;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+use ferrum_tokenizer::Tokenizer;
+use serde_json::json;
+
+use crate::error::ApiError;
+use crate::generation::render_chat;
+use crate::protocol::{parse, DetokenizeRequest, TokenizeRequest};
+use crate::{Ready, Shared};
+
+/// 200 once the model is loaded, 503 before.
+pub async fn health(State(s): State<Shared>) -> impl IntoResponse {
+    match s.ready.get() {
+        Some(_) => (StatusCode::OK, Json(json!({"status": "ok"}))),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "loading"})),
+        ),
+    }
+}
+
+pub async fn metrics(State(s): State<Shared>) -> impl IntoResponse {
+    metrics::gauge!("ferrum_requests_pending").set(s.load.pending.load(Ordering::SeqCst) as f64);
+    metrics::gauge!("ferrum_kv_caches_live").set(s.load.live_caches.load(Ordering::SeqCst) as f64);
+    metrics::gauge!("ferrum_model_ready").set(if s.ready.get().is_some() { 1.0 } else { 0.0 });
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.prometheus.render(),
+    )
+}
+
+fn max_len(r: &Ready) -> usize {
+    match r {
+        Ready::Llm { capacity, .. } => *capacity,
+        Ready::Embed { embedder, .. } => embedder.max_tokens(),
+    }
+}
+
+pub async fn models(State(s): State<Shared>) -> Result<Json<serde_json::Value>, ApiError> {
+    let max_model_len = s.ready.get().map(max_len);
+    Ok(Json(json!({
+        "object": "list",
+        "data": [{
+            "id": s.cfg.served_model_name,
+            "object": "model",
+            "created": s.created,
+            "owned_by": "ferrum",
+            "max_model_len": max_model_len,
+        }],
+    })))
+}
+
+fn tokenizer(r: &Ready) -> &Tokenizer {
+    match r {
+        Ready::Llm { tok, .. } => tok,
+        Ready::Embed { embedder, .. } => embedder.tokenizer(),
+    }
+}
+
+pub fn body(b: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    b.map_err(|e| {
+        let status = e.status();
+        ApiError::new(
+            status,
+            if status == StatusCode::PAYLOAD_TOO_LARGE {
+                "the request body is too large".to_string()
+            } else {
+                e.body_text()
+            },
+            None,
+        )
+    })
+}
+
+pub async fn tokenize(
+    State(s): State<Shared>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let req: TokenizeRequest = parse(&body(b)?)?;
+    s.check_model(req.model.as_deref())?;
+    let ready = s.ready()?;
+    let tok = tokenizer(ready);
+    let tokens = match (&req.prompt, &req.messages, ready) {
+        (Some(p), None, _) => tok.encode(p, req.add_special_tokens, false),
+        (None, Some(m), Ready::Llm { template, .. }) => {
+            let text = render_chat(template.as_ref(), tok, m, None)?;
+            tok.encode(&text, false, true)
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "give exactly one of prompt or messages (messages need a chat model)",
+                None,
+            ))
+        }
+    }
+    .map_err(ApiError::from_model)?;
+    Ok(Json(json!({
+        "count": tokens.len(),
+        "max_model_len": max_len(ready),
+        "tokens": tokens,
+    })))
+}
+
+pub async fn detokenize(
+    State(s): State<Shared>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let req: DetokenizeRequest = parse(&body(b)?)?;
+    s.check_model(req.model.as_deref())?;
+    let tok = tokenizer(s.ready()?);
+    tok.check_ids(&req.tokens)
+        .map_err(|e| ApiError::invalid(e.to_string(), Some("tokens")))?;
+    Ok(Json(json!({"prompt": tok.decode(&req.tokens, false)})))
+}

@@ -1,0 +1,100 @@
+//! `POST /v1/embeddings`.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use base64::Engine;
+use serde_json::json;
+use tokio::sync::oneshot;
+
+use crate::admin::body;
+use crate::embed_worker::EmbedJob;
+use crate::error::ApiError;
+use crate::protocol::{embedding_inputs, parse, EmbeddingRequest};
+use crate::{Ready, Shared};
+
+pub async fn embeddings(
+    State(s): State<Shared>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let req: EmbeddingRequest = parse(&body(b)?)?;
+    s.check_model(req.model.as_deref())?;
+    tracing::debug!(user = req.user.as_deref(), "embedding request");
+    let Ready::Embed { jobs, embedder } = s.ready()? else {
+        return Err(ApiError::invalid(
+            "this server runs a generative model; start `ferrum serve` with an embedding model (e.g. --model minilm) for /v1/embeddings",
+            Some("model"),
+        ));
+    };
+    let base64 = match req.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                format!("encoding_format {other:?} is not supported (use \"float\" or \"base64\")"),
+                Some("encoding_format"),
+            ))
+        }
+    };
+    if let Some(d) = req.dimensions {
+        if d != embedder.dim() as i64 {
+            return Err(ApiError::invalid(
+                format!(
+                    "this model's vectors have {} dimensions and cannot be shortened to {d}",
+                    embedder.dim()
+                ),
+                Some("dimensions"),
+            ));
+        }
+    }
+    let inputs = embedding_inputs(&req.input)?;
+    let prepared = embedder
+        .prepare(&inputs, true)
+        .map_err(|e| ApiError::invalid(e.to_string(), Some("input")))?;
+    let (reply, rx) = oneshot::channel();
+    jobs.send(EmbedJob {
+        inputs: prepared,
+        reply,
+    })
+    .map_err(|_| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the embedding model is not running",
+            None,
+        )
+    })?;
+    let vectors = rx
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the embedding model stopped",
+                None,
+            )
+        })?
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), None))?;
+    let prompt_tokens: usize = vectors.iter().map(|v| v.tokens).sum();
+    let data: Vec<serde_json::Value> = vectors
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let embedding = if base64 {
+                let bytes: Vec<u8> = v.vector.iter().flat_map(|x| x.to_le_bytes()).collect();
+                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(v.vector)
+            };
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
+        .collect();
+    metrics::counter!("ferrum_embedding_inputs_total").increment(data.len() as u64);
+    metrics::counter!("ferrum_prompt_tokens_total").increment(prompt_tokens as u64);
+    Ok(Json(json!({
+        "object": "list",
+        "data": data,
+        "model": s.cfg.served_model_name,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    })))
+}

@@ -1,0 +1,496 @@
+//! `POST /v1/chat/completions` and `POST /v1/completions`, plain and
+//! streamed (server-sent events ending with `data: [DONE]`).
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use ferrum_engine::{FinishReason, Sampled};
+use ferrum_tokenizer::chat::{ChatOptions, ChatTemplate, Message};
+use ferrum_tokenizer::Tokenizer;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::admin::body;
+use crate::error::ApiError;
+use crate::protocol::{parse, ChatMessage, ChatRequest, CompletionRequest, GenParams, Prompt};
+use crate::worker::{ChoiceDone, Event, Job};
+use crate::{now, Ready, Shared};
+
+const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
+
+/// The chat template applied to `messages`, ready to tokenize.
+pub fn render_chat(
+    template: Option<&ChatTemplate>,
+    tok: &Tokenizer,
+    messages: &[ChatMessage],
+    tools: Option<&Value>,
+) -> Result<String, ApiError> {
+    let Some(template) = template else {
+        return Err(ApiError::invalid(
+            "this model has no chat template; use /v1/completions",
+            Some("messages"),
+        ));
+    };
+    if messages.is_empty() {
+        return Err(ApiError::invalid(
+            "messages must not be empty",
+            Some("messages"),
+        ));
+    }
+    let mut conv = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        if !ROLES.contains(&m.role.as_str()) {
+            return Err(ApiError::invalid(
+                format!(
+                    "messages[{i}].role {:?} is not one of {}",
+                    m.role,
+                    ROLES.join(", ")
+                ),
+                Some("messages"),
+            ));
+        }
+        let role = if m.role == "developer" {
+            "system"
+        } else {
+            &m.role
+        };
+        let mut msg = Message::new(role, m.text()?);
+        msg.extra = m.extra.clone();
+        conv.push(msg);
+    }
+    let text_of = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or("").to_string();
+    let special = tok.special();
+    let (bos, eos) = (text_of(special.bos), text_of(special.eos));
+    let opts = ChatOptions {
+        add_generation_prompt: true,
+        tools,
+        bos_token: &bos,
+        eos_token: &eos,
+    };
+    template.render(&conv, &opts).map_err(|e| {
+        ApiError::invalid(
+            format!("cannot apply the chat template: {e}"),
+            Some("messages"),
+        )
+    })
+}
+
+/// Queues one prompt; the receiver yields its events. Refuses prompts that
+/// leave no room to generate (400) and a full queue (429).
+fn submit(
+    s: &Shared,
+    prompt: Vec<u32>,
+    p: &GenParams,
+    default_max: Option<usize>,
+) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
+    let Ready::Llm { jobs, capacity, .. } = s.ready()? else {
+        return Err(ApiError::invalid(
+            "this server runs an embedding model; use /v1/embeddings",
+            Some("model"),
+        ));
+    };
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("the prompt is empty", Some("prompt")));
+    }
+    if prompt.len() >= *capacity {
+        return Err(ApiError {
+            code: Some("context_length_exceeded"),
+            ..ApiError::invalid(
+                format!(
+                    "the prompt is {} tokens; this model's context is {capacity} tokens, which leaves no room to generate",
+                    prompt.len()
+                ),
+                Some("messages"),
+            )
+        });
+    }
+    let room = capacity - prompt.len();
+    let max_tokens = p.max_tokens.or(default_max).unwrap_or(room).min(room);
+    let pending = s.load.pending.fetch_add(1, Ordering::SeqCst);
+    if pending >= s.cfg.max_queue {
+        s.load.pending.fetch_sub(1, Ordering::SeqCst);
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("the server is busy ({pending} requests queued); retry later"),
+            Some("queue_full"),
+        ));
+    }
+    metrics::gauge!("ferrum_requests_pending").set((pending + 1) as f64);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let job = Job {
+        prompt,
+        n: p.n,
+        max_tokens,
+        sampling: p.sampling.clone(),
+        stop: p.stop.clone(),
+        events: tx,
+    };
+    if jobs.send(job).is_err() {
+        s.load.pending.fetch_sub(1, Ordering::SeqCst);
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the model thread is not running",
+            None,
+        ));
+    }
+    Ok(rx)
+}
+
+#[derive(Default)]
+struct Choice {
+    text: String,
+    done: Option<ChoiceDone>,
+}
+
+/// Waits for every choice of every prompt (`n` per prompt, in order).
+async fn collect(
+    rxs: Vec<mpsc::UnboundedReceiver<Event>>,
+    n: usize,
+) -> Result<Vec<Choice>, ApiError> {
+    let mut out: Vec<Choice> = (0..rxs.len() * n).map(|_| Choice::default()).collect();
+    for (p, mut rx) in rxs.into_iter().enumerate() {
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                Event::Text { index, text } => out[p * n + index].text.push_str(&text),
+                Event::Done { index, done } => out[p * n + index].done = Some(done),
+                Event::Failed(m) => {
+                    return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m, None))
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn finish_str(d: &Option<ChoiceDone>) -> &'static str {
+    match d.as_ref().map(|d| d.finish) {
+        Some(FinishReason::Stop) => "stop",
+        _ => "length",
+    }
+}
+
+fn piece(tok: &Tokenizer, id: u32) -> String {
+    tok.decode(&[id], false)
+}
+
+/// Chat's `logprobs.content` entries.
+fn chat_logprobs(tok: &Tokenizer, lps: &[Sampled], top: usize) -> Value {
+    let entry = |id: u32, lp: f32| {
+        let t = piece(tok, id);
+        json!({"token": t, "logprob": lp, "bytes": t.as_bytes()})
+    };
+    let content: Vec<Value> = lps
+        .iter()
+        .map(|s| {
+            let mut e = entry(s.token, s.logprob);
+            e["top_logprobs"] = s
+                .top
+                .iter()
+                .take(top)
+                .map(|&(id, lp)| entry(id, lp))
+                .collect();
+            e
+        })
+        .collect();
+    json!({"content": content, "refusal": null})
+}
+
+/// Completions' `logprobs` object; `offset` is where the text starts.
+fn completion_logprobs(tok: &Tokenizer, lps: &[Sampled], top: usize, offset: usize) -> Value {
+    let mut pos = offset;
+    let (mut tokens, mut lp, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+    for s in lps {
+        let t = piece(tok, s.token);
+        offsets.push(pos);
+        pos += t.len();
+        tokens.push(t);
+        lp.push(s.logprob);
+        let m: serde_json::Map<String, Value> = s
+            .top
+            .iter()
+            .take(top)
+            .map(|&(id, l)| (piece(tok, id), json!(l)))
+            .collect();
+        tops.push(Value::Object(m));
+    }
+    json!({"tokens": tokens, "token_logprobs": lp, "top_logprobs": tops, "text_offset": offsets})
+}
+
+fn usage(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+fn fingerprint() -> String {
+    format!("ferrum-{}", env!("CARGO_PKG_VERSION"))
+}
+
+pub async fn chat(
+    State(s): State<Shared>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: ChatRequest = parse(&body(b)?)?;
+    s.check_model(req.gen.model.as_deref())?;
+    let p = req.gen.validate(true)?;
+    tracing::debug!(
+        user = req.gen.user.as_deref(),
+        messages = req.messages.len(),
+        "chat request"
+    );
+    let Ready::Llm { tok, template, .. } = s.ready()? else {
+        return Err(ApiError::invalid(
+            "this server runs an embedding model; use /v1/embeddings",
+            Some("model"),
+        ));
+    };
+    let tok = tok.clone();
+    let text = render_chat(template.as_ref(), &tok, &req.messages, req.tools.as_ref())?;
+    let prompt = tok
+        .encode(&text, false, true)
+        .map_err(ApiError::from_model)?;
+    let prompt_tokens = prompt.len();
+    let rx = submit(&s, prompt, &p, None)?;
+    let id = s.request_id("chatcmpl");
+    let created = now();
+    let model = s.cfg.served_model_name.clone();
+    if p.stream {
+        return Ok(stream(vec![rx], p, move |kind| {
+            let base = |choices: Value| {
+                json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                       "system_fingerprint": fingerprint(), "choices": choices})
+            };
+            match kind {
+                Chunk::Start(i) => base(
+                    json!([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
+                ),
+                Chunk::Text(i, t) => base(
+                    json!([{"index": i, "delta": {"content": t}, "logprobs": null, "finish_reason": null}]),
+                ),
+                Chunk::End(i, d, top) => {
+                    let lp = top.map(|k| {
+                        chat_logprobs(&tok, &d.logprobs[..d.tokens.min(d.logprobs.len())], k)
+                    });
+                    base(
+                        json!([{"index": i, "delta": {}, "logprobs": lp, "finish_reason": finish_str(&Some(d))}]),
+                    )
+                }
+                Chunk::Usage(completion) => {
+                    let mut v = base(json!([]));
+                    v["usage"] = usage(prompt_tokens, completion);
+                    v
+                }
+            }
+        }));
+    }
+    let choices = collect(vec![rx], p.n).await?;
+    let completion: usize = choices
+        .iter()
+        .filter_map(|c| c.done.as_ref())
+        .map(|d| d.tokens)
+        .sum();
+    let choices: Vec<Value> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let lp = match (p.logprobs, &c.done) {
+                (Some(k), Some(d)) => {
+                    chat_logprobs(&tok, &d.logprobs[..d.tokens.min(d.logprobs.len())], k)
+                }
+                _ => Value::Null,
+            };
+            json!({"index": i, "message": {"role": "assistant", "content": c.text, "refusal": null},
+                   "logprobs": lp, "finish_reason": finish_str(&c.done)})
+        })
+        .collect();
+    Ok(Json(json!({
+        "id": id, "object": "chat.completion", "created": created, "model": model,
+        "system_fingerprint": fingerprint(), "choices": choices, "usage": usage(prompt_tokens, completion),
+    }))
+    .into_response())
+}
+
+pub async fn completions(
+    State(s): State<Shared>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: CompletionRequest = parse(&body(b)?)?;
+    s.check_model(req.gen.model.as_deref())?;
+    let p = req.gen.validate(false)?;
+    tracing::debug!(user = req.gen.user.as_deref(), "completion request");
+    let Ready::Llm { tok, .. } = s.ready()? else {
+        return Err(ApiError::invalid(
+            "this server runs an embedding model; use /v1/embeddings",
+            Some("model"),
+        ));
+    };
+    let tok = tok.clone();
+    let prompts: Vec<Vec<u32>> = match req.prompt {
+        Prompt::Text(t) => vec![tok.encode(&t, true, false).map_err(ApiError::from_model)?],
+        Prompt::Texts(ts) if !ts.is_empty() => ts
+            .iter()
+            .map(|t| tok.encode(t, true, false))
+            .collect::<Result<_, _>>()
+            .map_err(ApiError::from_model)?,
+        Prompt::Tokens(ids) => vec![ids],
+        Prompt::TokenLists(l) if !l.is_empty() => l,
+        _ => {
+            return Err(ApiError::invalid(
+                "prompt must not be an empty list",
+                Some("prompt"),
+            ))
+        }
+    };
+    for ids in &prompts {
+        tok.check_ids(ids)
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?;
+    }
+    if req.echo && p.stream {
+        return Err(ApiError::invalid(
+            "echo is not supported with stream",
+            Some("echo"),
+        ));
+    }
+    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
+    let echoes: Vec<String> = prompts.iter().map(|ids| tok.decode(ids, true)).collect();
+    // OpenAI's default for the legacy endpoint is 16 tokens.
+    let rxs = prompts
+        .into_iter()
+        .map(|ids| submit(&s, ids, &p, Some(16)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let id = s.request_id("cmpl");
+    let created = now();
+    let model = s.cfg.served_model_name.clone();
+    if p.stream {
+        return Ok(stream(rxs, p, move |kind| {
+            let base = |choices: Value| {
+                json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                       "system_fingerprint": fingerprint(), "choices": choices})
+            };
+            match kind {
+                Chunk::Start(_) => Value::Null,
+                Chunk::Text(i, t) => {
+                    base(json!([{"index": i, "text": t, "logprobs": null, "finish_reason": null}]))
+                }
+                Chunk::End(i, d, top) => {
+                    let lp = top.map(|k| {
+                        completion_logprobs(
+                            &tok,
+                            &d.logprobs[..d.tokens.min(d.logprobs.len())],
+                            k,
+                            0,
+                        )
+                    });
+                    base(
+                        json!([{"index": i, "text": "", "logprobs": lp, "finish_reason": finish_str(&Some(d))}]),
+                    )
+                }
+                Chunk::Usage(completion) => {
+                    let mut v = base(json!([]));
+                    v["usage"] = usage(prompt_tokens, completion);
+                    v
+                }
+            }
+        }));
+    }
+    let n = p.n;
+    let choices = collect(rxs, n).await?;
+    let completion: usize = choices
+        .iter()
+        .filter_map(|c| c.done.as_ref())
+        .map(|d| d.tokens)
+        .sum();
+    let choices: Vec<Value> = choices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let prefix = if req.echo { echoes[i / n].as_str() } else { "" };
+            let lp = match (p.logprobs, &c.done) {
+                (Some(k), Some(d)) => {
+                    completion_logprobs(&tok, &d.logprobs[..d.tokens.min(d.logprobs.len())], k, prefix.len())
+                }
+                _ => Value::Null,
+            };
+            json!({"index": i, "text": format!("{prefix}{}", c.text), "logprobs": lp, "finish_reason": finish_str(&c.done)})
+        })
+        .collect();
+    Ok(Json(json!({
+        "id": id, "object": "text_completion", "created": created, "model": model,
+        "system_fingerprint": fingerprint(), "choices": choices, "usage": usage(prompt_tokens, completion),
+    }))
+    .into_response())
+}
+
+/// What a stream chunk carries; the endpoint turns it into its JSON.
+enum Chunk {
+    Start(usize),
+    Text(usize, String),
+    /// Finish of a choice, with the logprobs to report (top-k) if asked.
+    End(usize, ChoiceDone, Option<usize>),
+    Usage(usize),
+}
+
+/// Streams the events of `rxs` (in order; `n` choices each) as SSE. A
+/// client that goes away closes the channel, which drops the receivers,
+/// which makes the model thread cancel the request at its next token.
+fn stream(
+    rxs: Vec<mpsc::UnboundedReceiver<Event>>,
+    p: GenParams,
+    chunk: impl Fn(Chunk) -> Value + Send + 'static,
+) -> Response {
+    let (tx, out) = mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
+    tokio::spawn(async move {
+        let send = |v: Value| {
+            if v.is_null() {
+                return true;
+            }
+            tx.send(Ok(SseEvent::default().data(v.to_string()))).is_ok()
+        };
+        let mut completion = 0;
+        for (pi, mut rx) in rxs.into_iter().enumerate() {
+            let mut started = vec![false; p.n];
+            while let Some(ev) = rx.recv().await {
+                let ok = match ev {
+                    Event::Text { index, text } => {
+                        let i = pi * p.n + index;
+                        let mut ok = true;
+                        if !started[index] {
+                            started[index] = true;
+                            ok = send(chunk(Chunk::Start(i)));
+                        }
+                        ok && send(chunk(Chunk::Text(i, text)))
+                    }
+                    Event::Done { index, done } => {
+                        let i = pi * p.n + index;
+                        completion += done.tokens;
+                        let mut ok = true;
+                        if !started[index] {
+                            started[index] = true;
+                            ok = send(chunk(Chunk::Start(i)));
+                        }
+                        ok && send(chunk(Chunk::End(i, done, p.logprobs)))
+                    }
+                    Event::Failed(m) => {
+                        let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m, None);
+                        let _ = send(e.body());
+                        false
+                    }
+                };
+                if !ok {
+                    return;
+                }
+            }
+        }
+        if p.include_usage && !send(chunk(Chunk::Usage(completion))) {
+            return;
+        }
+        let _ = tx.send(Ok(SseEvent::default().data("[DONE]")));
+    });
+    Sse::new(UnboundedReceiverStream::new(out)).into_response()
+}

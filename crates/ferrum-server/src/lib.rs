@@ -1,0 +1,291 @@
+//! `ferrum serve`: an OpenAI-compatible HTTP API over one model.
+//!
+//! The server binds first and loads the model in the background, so
+//! `/health` answers 503 while loading and 200 once requests can be served.
+//! A language model serves `/v1/chat/completions` and `/v1/completions`; an
+//! encoder serves `/v1/embeddings`. Both have `/v1/models`, `/tokenize`,
+//! `/detokenize`, `/health` and Prometheus `/metrics`.
+
+mod admin;
+mod embed_worker;
+mod embeddings;
+mod error;
+mod generation;
+mod protocol;
+mod worker;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use ferrum_engine::Embedder;
+use ferrum_kernels::CpuBackend;
+use ferrum_models::DecoderOnlyLLM;
+use ferrum_tokenizer::chat::ChatTemplate;
+use ferrum_tokenizer::Tokenizer;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio::sync::mpsc;
+
+pub use error::ApiError;
+
+/// How the server listens and what it accepts.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    pub host: String,
+    pub port: u16,
+    /// The `model` id clients use; requests naming another model get 404.
+    pub served_model_name: String,
+    /// When set, `/v1/*`, `/tokenize` and `/detokenize` need
+    /// `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// Requests accepted but unfinished before new ones get 429.
+    pub max_queue: usize,
+    /// Largest request body; larger ones get 413.
+    pub max_body_bytes: usize,
+    /// After SIGINT/SIGTERM, how long in-flight requests may take to finish.
+    pub shutdown_timeout: Duration,
+}
+
+/// A model ready to serve.
+// One value per server lifetime: variant sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+pub enum LoadedModel {
+    Llm {
+        model: Box<dyn DecoderOnlyLLM>,
+        tokenizer: Tokenizer,
+    },
+    Embedding(Embedder<CpuBackend>),
+}
+
+/// Loads the model (runs on a blocking thread after the port is bound).
+pub type Loader = Box<dyn FnOnce() -> Result<LoadedModel, String> + Send>;
+
+// One value per server lifetime: variant sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+enum Ready {
+    Llm {
+        jobs: mpsc::UnboundedSender<worker::Job>,
+        tok: Arc<Tokenizer>,
+        template: Option<ChatTemplate>,
+        capacity: usize,
+    },
+    Embed {
+        jobs: mpsc::UnboundedSender<embed_worker::EmbedJob>,
+        embedder: Arc<Embedder<CpuBackend>>,
+    },
+}
+
+struct AppState {
+    cfg: ServeConfig,
+    ready: OnceLock<Ready>,
+    load: Arc<worker::Load>,
+    prometheus: PrometheusHandle,
+    created: u64,
+    next_id: AtomicU64,
+}
+
+type Shared = Arc<AppState>;
+
+impl AppState {
+    fn ready(&self) -> Result<&Ready, ApiError> {
+        self.ready.get().ok_or_else(|| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the model is still loading; retry shortly",
+                None,
+            )
+        })
+    }
+
+    /// 404 for a request that names a model this server does not serve.
+    fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            Some(m) if m != self.cfg.served_model_name => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "the model {m:?} does not exist; this server serves {:?}",
+                    self.cfg.served_model_name
+                ),
+                Some("model_not_found"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn request_id(&self, prefix: &str) -> String {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}-{:08x}{n:08x}", self.created as u32)
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn router(state: Shared) -> Router {
+    let limit = state.cfg.max_body_bytes;
+    Router::new()
+        .route("/health", get(admin::health))
+        .route("/metrics", get(admin::metrics))
+        .route("/v1/models", get(admin::models))
+        .route("/tokenize", post(admin::tokenize))
+        .route("/detokenize", post(admin::detokenize))
+        .route("/v1/chat/completions", post(generation::chat))
+        .route("/v1/completions", post(generation::completions))
+        .route("/v1/embeddings", post(embeddings::embeddings))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint", None) })
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn(http_metrics))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    let protected = path.starts_with("/v1/") || path == "/tokenize" || path == "/detokenize";
+    if let (Some(key), true) = (&s.cfg.api_key, protected) {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key.as_str()) {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "missing or wrong API key (send Authorization: Bearer <key>)",
+                Some("invalid_api_key"),
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn http_metrics(req: Request, next: Next) -> Response {
+    let path = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched".to_string(), |p| p.as_str().to_string());
+    let method = req.method().to_string();
+    let response = next.run(req).await;
+    let status = response.status().as_u16().to_string();
+    metrics::counter!("ferrum_http_requests_total", "path" => path, "method" => method, "status" => status)
+        .increment(1);
+    response
+}
+
+/// Binds, loads the model in the background and serves until SIGINT or
+/// SIGTERM. Returns an error when the port cannot be bound or the model
+/// cannot be loaded.
+pub async fn serve(cfg: ServeConfig, loader: Loader) -> Result<(), String> {
+    let prometheus = PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| format!("cannot set up metrics: {e}"))?;
+    let addr = format!("{}:{}", cfg.host, cfg.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let local: SocketAddr = listener
+        .local_addr()
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let timeout = cfg.shutdown_timeout;
+    let state = Arc::new(AppState {
+        cfg,
+        ready: OnceLock::new(),
+        load: Arc::new(worker::Load::default()),
+        prometheus,
+        created: now(),
+        next_id: AtomicU64::new(0),
+    });
+    tracing::info!(
+        "listening on http://{local} (loading the model; /health is 503 until it is ready)"
+    );
+
+    let loading = {
+        let state = state.clone();
+        tokio::task::spawn_blocking(move || -> Result<(), String> {
+            let ready = match loader()? {
+                LoadedModel::Llm { model, tokenizer } => {
+                    let capacity = model.kv_capacity();
+                    let template = match tokenizer.chat_template() {
+                        Some(src) => Some(ChatTemplate::new(src).map_err(|e| e.to_string())?),
+                        None => None,
+                    };
+                    let tok = Arc::new(tokenizer);
+                    let jobs = worker::spawn(model, tok.clone(), state.load.clone())
+                        .map_err(|e| format!("cannot start the model thread: {e}"))?;
+                    Ready::Llm {
+                        jobs,
+                        tok,
+                        template,
+                        capacity,
+                    }
+                }
+                LoadedModel::Embedding(e) => {
+                    let embedder = Arc::new(e);
+                    let jobs = embed_worker::spawn(embedder.clone())
+                        .map_err(|e| format!("cannot start the model thread: {e}"))?;
+                    Ready::Embed { jobs, embedder }
+                }
+            };
+            let _ = state.ready.set(ready);
+            tracing::info!("model ready: serving {:?}", state.cfg.served_model_name);
+            Ok(())
+        })
+    };
+
+    // Resolves only when loading fails; a loaded model keeps serving.
+    let load_failure = async move {
+        match loading.await {
+            Ok(Ok(())) => std::future::pending::<String>().await,
+            Ok(Err(e)) => format!("cannot load the model: {e}"),
+            Err(e) => format!("the model loader crashed: {e}"),
+        }
+    };
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: no new connections; finishing in-flight requests");
+        let _ = stop_tx.send(true);
+    });
+    let deadline = async move {
+        let _ = stop_rx.wait_for(|s| *s).await;
+        tokio::time::sleep(timeout).await;
+    };
+    tokio::select! {
+        r = server => r.map_err(|e| format!("server error: {e}"))?,
+        e = load_failure => return Err(e),
+        _ = deadline => tracing::warn!("in-flight requests did not finish within {timeout:?}; stopping anyway"),
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

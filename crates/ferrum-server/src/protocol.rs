@@ -1,0 +1,435 @@
+//! OpenAI request bodies and their validation into engine parameters.
+//!
+//! Bodies are parsed from raw bytes here (not by an extractor) so every
+//! malformed or out-of-range field becomes a 400 in OpenAI's error shape
+//! that names the field.
+
+use ferrum_engine::{EmbedInput, SamplingParams};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::ApiError;
+
+/// `stop`: one string or a list (OpenAI allows up to 4).
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize, Default)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Sampling and length fields shared by chat and completions.
+#[derive(Deserialize, Default)]
+pub struct GenFields {
+    pub model: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<Stop>,
+    pub n: Option<i64>,
+    /// Chat: a bool; completions: the number of top alternatives.
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<i64>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub user: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: Option<Content>,
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
+}
+
+#[derive(Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<ChatMessage>,
+    pub tools: Option<Value>,
+    #[serde(flatten)]
+    pub gen: GenFields,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+#[derive(Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: Prompt,
+    #[serde(default)]
+    pub echo: bool,
+    #[serde(flatten)]
+    pub gen: GenFields,
+}
+
+#[derive(Deserialize)]
+pub struct EmbeddingRequest {
+    /// Checked by hand ([`embedding_inputs`]) for a precise message.
+    pub input: Value,
+    pub model: Option<String>,
+    pub encoding_format: Option<String>,
+    pub dimensions: Option<i64>,
+    pub user: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub struct TokenizeRequest {
+    pub model: Option<String>,
+    pub prompt: Option<String>,
+    pub messages: Option<Vec<ChatMessage>>,
+    #[serde(default = "yes")]
+    pub add_special_tokens: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Deserialize)]
+pub struct DetokenizeRequest {
+    pub model: Option<String>,
+    pub tokens: Vec<u32>,
+}
+
+/// Parses a JSON body into `T`: a syntax error, a missing field or a wrong
+/// type is a 400 whose message says which.
+pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("malformed JSON body: {e}"), None))?;
+    if !value.is_object() {
+        return Err(ApiError::invalid(
+            "the request body must be a JSON object",
+            None,
+        ));
+    }
+    serde_json::from_value(value)
+        .map_err(|e| ApiError::invalid(format!("invalid request: {e}"), None))
+}
+
+/// What generation needs from a request, validated.
+pub struct GenParams {
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub n: usize,
+    /// Top alternatives per token to report; `None` when logprobs are off.
+    pub logprobs: Option<usize>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+fn range(
+    v: Option<f32>,
+    name: &'static str,
+    lo: f32,
+    hi: f32,
+    default: f32,
+) -> Result<f32, ApiError> {
+    match v {
+        None => Ok(default),
+        Some(x) if x.is_finite() && (lo..=hi).contains(&x) => Ok(x),
+        Some(x) => Err(ApiError::invalid(
+            format!("{name} is {x}; it must be between {lo} and {hi}"),
+            Some(name),
+        )),
+    }
+}
+
+impl GenFields {
+    /// `chat` selects the chat flavour of `logprobs` (a bool plus
+    /// `top_logprobs`) over the completions one (an integer).
+    pub fn validate(&self, chat: bool) -> Result<GenParams, ApiError> {
+        let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
+            None => None,
+            Some(m) if m >= 1 => Some(m as usize),
+            Some(m) => {
+                return Err(ApiError::invalid(
+                    format!("max_tokens is {m}; it must be at least 1"),
+                    Some("max_tokens"),
+                ))
+            }
+        };
+        let n = match self.n {
+            None => 1,
+            Some(n) if (1..=16).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(ApiError::invalid(
+                    format!("n is {n}; it must be between 1 and 16"),
+                    Some("n"),
+                ))
+            }
+        };
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => 0,
+            Some(k) if k > 0 => k as usize,
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    format!("top_k is {k}; it must be -1 (off) or positive"),
+                    Some("top_k"),
+                ))
+            }
+        };
+        // OpenAI seeds are signed 64-bit; any value is a valid seed.
+        let seed = self.seed.map(|s| s as u64);
+        let logprobs = if chat {
+            let on = match &self.logprobs {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        "logprobs must be a boolean",
+                        Some("logprobs"),
+                    ))
+                }
+            };
+            match (on, self.top_logprobs) {
+                (_, Some(t)) if !(0..=20).contains(&t) => {
+                    return Err(ApiError::invalid(
+                        format!("top_logprobs is {t}; it must be between 0 and 20"),
+                        Some("top_logprobs"),
+                    ))
+                }
+                (false, Some(t)) if t > 0 => {
+                    return Err(ApiError::invalid(
+                        "top_logprobs requires logprobs to be true",
+                        Some("top_logprobs"),
+                    ))
+                }
+                (true, t) => Some(t.unwrap_or(0) as usize),
+                (false, _) => None,
+            }
+        } else {
+            match &self.logprobs {
+                None | Some(Value::Null) => None,
+                Some(v) => match v.as_i64() {
+                    Some(k) if (0..=5).contains(&k) => Some(k as usize),
+                    _ => {
+                        return Err(ApiError::invalid(
+                            "logprobs must be an integer between 0 and 5",
+                            Some("logprobs"),
+                        ))
+                    }
+                },
+            }
+        };
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) if v.len() <= 4 => v.clone(),
+            Some(Stop::Many(_)) => {
+                return Err(ApiError::invalid(
+                    "stop takes at most 4 sequences",
+                    Some("stop"),
+                ))
+            }
+        };
+        if stop.iter().any(String::is_empty) {
+            return Err(ApiError::invalid(
+                "stop sequences must not be empty",
+                Some("stop"),
+            ));
+        }
+        let sampling = SamplingParams {
+            temperature: range(self.temperature, "temperature", 0.0, 2.0, 1.0)?,
+            top_k,
+            top_p: range(self.top_p, "top_p", 0.0, 1.0, 1.0)?,
+            min_p: range(self.min_p, "min_p", 0.0, 1.0, 0.0)?,
+            repetition_penalty: range(
+                self.repetition_penalty,
+                "repetition_penalty",
+                0.01,
+                10.0,
+                1.0,
+            )?,
+            presence_penalty: range(self.presence_penalty, "presence_penalty", -2.0, 2.0, 0.0)?,
+            frequency_penalty: range(self.frequency_penalty, "frequency_penalty", -2.0, 2.0, 0.0)?,
+            seed,
+            // The sampler reports at least the chosen token's logprob when
+            // asked for alternatives; 1 gets us that token's own logprob.
+            top_logprobs: logprobs.map_or(0, |k| k.max(1)),
+        };
+        if sampling.top_p == 0.0 {
+            return Err(ApiError::invalid(
+                "top_p must be greater than 0",
+                Some("top_p"),
+            ));
+        }
+        sampling
+            .validate()
+            .map_err(|e| ApiError::invalid(e.to_string(), None))?;
+        Ok(GenParams {
+            max_tokens,
+            sampling,
+            stop,
+            n,
+            logprobs,
+            stream: self.stream,
+            include_usage: self
+                .stream_options
+                .as_ref()
+                .is_some_and(|o| o.include_usage),
+        })
+    }
+}
+
+impl ChatMessage {
+    /// The text content: a string, or the concatenated text parts.
+    pub fn text(&self) -> Result<String, ApiError> {
+        match &self.content {
+            None => Ok(String::new()),
+            Some(Content::Text(s)) => Ok(s.clone()),
+            Some(Content::Parts(parts)) => {
+                let mut out = String::new();
+                for p in parts {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => out.push_str(t),
+                        (kind, _) => {
+                            return Err(ApiError::invalid(
+                                format!(
+                                    "content part of type {kind:?} is not supported (only text)"
+                                ),
+                                Some("messages"),
+                            ))
+                        }
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// OpenAI's `input`: a string, a list of strings, a list of token ids, or a
+/// list of token-id lists.
+pub fn embedding_inputs(v: &Value) -> Result<Vec<EmbedInput>, ApiError> {
+    let bad = |m: String| ApiError::invalid(m, Some("input"));
+    let ids = |v: &Value, i: usize| -> Result<Vec<u32>, ApiError> {
+        let arr = v.as_array().ok_or_else(|| {
+            bad(format!(
+                "input[{i}] must be a string or an array of token ids"
+            ))
+        })?;
+        arr.iter()
+            .map(|t| {
+                t.as_u64()
+                    .and_then(|t| u32::try_from(t).ok())
+                    .ok_or_else(|| bad(format!("input[{i}] holds {t}, which is not a token id")))
+            })
+            .collect()
+    };
+    match v {
+        Value::String(s) => Ok(vec![EmbedInput::Text(s.clone())]),
+        Value::Array(a) if a.is_empty() => Err(bad("input must not be an empty list".into())),
+        Value::Array(a) if a.iter().all(Value::is_number) => {
+            Ok(vec![EmbedInput::Tokens(ids(v, 0)?)])
+        }
+        Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .map(|(i, x)| match x {
+                Value::String(s) => Ok(EmbedInput::Text(s.clone())),
+                Value::Array(_) => Ok(EmbedInput::Tokens(ids(x, i)?)),
+                other => Err(bad(format!(
+                    "input[{i}] is {other}; expected a string or an array of token ids"
+                ))),
+            })
+            .collect(),
+        other => Err(bad(format!(
+            "input is {other}; expected a string or an array"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn gen(body: &str) -> Result<GenParams, ApiError> {
+        parse::<GenFields>(body.as_bytes())?.validate(true)
+    }
+
+    #[test]
+    fn defaults_follow_openai() {
+        let p = gen("{}").unwrap();
+        assert_eq!(p.sampling.temperature, 1.0);
+        assert_eq!(p.sampling.top_p, 1.0);
+        assert_eq!((p.n, p.max_tokens, p.logprobs), (1, None, None));
+        let p = gen(r#"{"max_tokens": 5, "max_completion_tokens": 7, "stop": "x", "seed": 3}"#)
+            .unwrap();
+        assert_eq!(p.max_tokens, Some(7), "max_completion_tokens wins");
+        assert_eq!(p.stop, vec!["x".to_string()]);
+        assert_eq!(p.sampling.seed, Some(3));
+    }
+
+    #[test]
+    fn out_of_range_fields_are_named() {
+        for (body, field) in [
+            (r#"{"temperature": 2.5}"#, "temperature"),
+            (r#"{"top_p": 0}"#, "top_p"),
+            (r#"{"max_tokens": 0}"#, "max_tokens"),
+            (r#"{"n": 17}"#, "n"),
+            (r#"{"top_k": -3}"#, "top_k"),
+            (r#"{"logprobs": 3}"#, "logprobs"),
+            (r#"{"top_logprobs": 2}"#, "top_logprobs"),
+            (r#"{"stop": ["a", ""]}"#, "stop"),
+        ] {
+            let e = gen(body).err().unwrap();
+            assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
+            assert_eq!(e.param, Some(field), "{body}");
+        }
+        for body in ["{", "[]", r#"{"temperature": "hot"}"#, r#"{"stream": 1}"#] {
+            assert!(gen(body).is_err(), "{body}");
+        }
+    }
+
+    #[test]
+    fn embedding_input_shapes() {
+        let v = |s: &str| embedding_inputs(&serde_json::from_str(s).unwrap());
+        assert_eq!(v(r#""a""#).unwrap(), vec![EmbedInput::Text("a".into())]);
+        assert_eq!(v("[1, 2]").unwrap(), vec![EmbedInput::Tokens(vec![1, 2])]);
+        assert_eq!(
+            v(r#"["a", [3]]"#).unwrap(),
+            vec![EmbedInput::Text("a".into()), EmbedInput::Tokens(vec![3])]
+        );
+        for bad in ["[]", "3", r#"["a", 3]"#, "[[-1]]", r#"{"a": 1}"#, "[[1.5]]"] {
+            assert!(v(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,70 @@
+"""Starts the real `ferrum serve` binary for the OpenAI-client tests.
+
+FERRUM_BIN names the binary (default: target/release/ferrum); models come
+from the Ferrum cache (`../shared/models/fetch.sh smollm2 minilm`).
+"""
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = os.environ.get("FERRUM_BIN", str(ROOT / "target/release/ferrum"))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, *args):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(f"/tmp/ferrum-serve-{self.port}.log", "w")
+        self.proc = subprocess.Popen(
+            [BIN, "serve", "--port", str(self.port), *args],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ferrum serve exited with {self.proc.returncode}; see {self.log.name}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except Exception:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("ferrum serve did not become healthy")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def chat_server():
+    s = Server("--model", "smollm2", "--max-queue", "64")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def embed_server():
+    s = Server("--model", "minilm")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def keyed_server():
+    s = Server("--model", "smollm2", "--api-key", "sekret")
+    yield s
+    s.stop()
