@@ -26,6 +26,8 @@ enum Command {
     Inspect(commands::inspect::InspectArgs),
     /// Chat with a model, or complete one --prompt.
     Run(commands::run::RunArgs),
+    /// Measure prompt-processing and generation speed (like llama-bench).
+    Bench(commands::bench::BenchArgs),
     /// Embed texts with an encoder model (default: all-MiniLM-L6-v2).
     Embed(commands::embed::EmbedArgs),
     /// Measure perplexity on a text file (llama-perplexity's method).
@@ -54,6 +56,7 @@ fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Run(a) => commands::run::run(a),
+        Command::Bench(a) => commands::bench::run(a),
         Command::Embed(a) => commands::embed::run(a),
         Command::Perplexity(a) => commands::perplexity::run(a),
         Command::Serve(a) => commands::serve::run(a),

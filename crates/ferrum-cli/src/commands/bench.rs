@@ -1,0 +1,173 @@
+//! `ferrum bench`: llama-bench's prompt-processing (pp) and text-generation
+//! (tg) throughput, plus batched decoding through `decode_batch`.
+//!
+//! Prompts are random token ids (as in llama-bench), so the numbers do not
+//! depend on a text. Each test runs once untimed to warm caches and scratch
+//! buffers, then `-r` timed repetitions on a fresh KV cache. tg times `-n`
+//! single-token decodes after a one-token prefill.
+
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use ferrum_models::DecoderOnlyLLM;
+
+use crate::model_files::{resolve, ModelFiles, DEFAULT_MODEL};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// A .gguf file, a Hugging Face folder, or an alias.
+    #[arg(long, short = 'm', default_value = DEFAULT_MODEL)]
+    model: String,
+    /// Prompt tokens for the pp test (0 skips it).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    n_prompt: usize,
+    /// Generated tokens for the tg test (0 skips it).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    n_gen: usize,
+    /// CPU threads (default: one per core).
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+    /// Timed repetitions per test.
+    #[arg(short = 'r', long, default_value_t = 3)]
+    repetitions: usize,
+    /// Also measure B sequences decoding together (tokens/s over all of them).
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Print {"pp_tok_s","tg_tok_s","pp_std","tg_std"[,"batch","batch_tok_s","batch_std"]} as the last line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Mean and sample standard deviation.
+fn stats(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let var = if xs.len() > 1 {
+        xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (mean, var.sqrt())
+}
+
+/// Deterministic pseudo-random token ids below `vocab` (64-bit LCG).
+fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 33) % vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn pp(model: &mut dyn DecoderOnlyLLM, prompt: &[u32]) -> f64 {
+    model.reset();
+    model.prepare("bench", prompt.len());
+    let t = Instant::now();
+    model.prefill("bench", prompt);
+    prompt.len() as f64 / t.elapsed().as_secs_f64()
+}
+
+fn tg(model: &mut dyn DecoderOnlyLLM, n: usize, vocab: usize) -> f64 {
+    model.reset();
+    model.prepare("bench", n + 1);
+    let toks = random_tokens(n + 1, vocab, 7);
+    model.prefill("bench", &toks[..1]);
+    let t = Instant::now();
+    for (i, &tok) in toks[1..].iter().enumerate() {
+        model.decode("bench", tok, (i + 1) as u32);
+    }
+    n as f64 / t.elapsed().as_secs_f64()
+}
+
+fn batched(model: &mut dyn DecoderOnlyLLM, b: usize, n: usize, vocab: usize) -> f64 {
+    model.reset();
+    let ids: Vec<String> = (0..b).map(|i| format!("bench{i}")).collect();
+    let toks = random_tokens((n + 1) * b, vocab, 11);
+    for (i, id) in ids.iter().enumerate() {
+        model.prepare(id, n + 1);
+        model.prefill(id, &toks[i..i + 1]);
+    }
+    let t = Instant::now();
+    for step in 0..n {
+        let batch: Vec<(String, u32, u32)> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (id.clone(), toks[(step + 1) * b + i], (step + 1) as u32))
+            .collect();
+        model.decode_batch(&batch);
+    }
+    (b * n) as f64 / t.elapsed().as_secs_f64()
+}
+
+fn measure(reps: usize, mut f: impl FnMut() -> f64) -> (f64, f64) {
+    f(); // warm-up
+    let xs: Vec<f64> = (0..reps).map(|_| f()).collect();
+    stats(&xs)
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    if args.repetitions == 0 {
+        bail!("-r must be at least 1");
+    }
+    if let Some(t) = args.threads {
+        if t == 0 {
+            bail!("-t must be at least 1");
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(t)
+            .build_global()
+            .map_err(|e| anyhow::anyhow!("cannot set up {t} threads: {e}"))?;
+    }
+    let path = resolve(&args.model)?;
+    let files = ModelFiles::open(&path)?;
+    let mut model = files.load_llm()?;
+    let vocab = model.config().vocab_size;
+    let capacity = model.kv_capacity();
+    let longest = args.n_prompt.max(args.n_gen + 1);
+    if longest > capacity {
+        bail!("a test needs {longest} positions but the KV capacity is {capacity} (set FERRUM_KV_CAPACITY)");
+    }
+    let name = path
+        .file_name()
+        .map_or_else(|| args.model.clone(), |n| n.to_string_lossy().into_owned());
+    let threads = ferrum_kernels::cpu::threads();
+    println!("| model | threads | test | t/s |");
+    println!("|---|---|---|---|");
+    let row = |test: String, (m, s): (f64, f64)| {
+        println!("| {name} | {threads} | {test} | {m:.2} ± {s:.2} |")
+    };
+    let mut json = serde_json::Map::new();
+    if args.n_prompt > 0 {
+        let prompt = random_tokens(args.n_prompt, vocab, 1);
+        let r = measure(args.repetitions, || pp(model.as_mut(), &prompt));
+        row(format!("pp{}", args.n_prompt), r);
+        json.insert("pp_tok_s".into(), r.0.into());
+        json.insert("pp_std".into(), r.1.into());
+    }
+    if args.n_gen > 0 {
+        let r = measure(args.repetitions, || tg(model.as_mut(), args.n_gen, vocab));
+        row(format!("tg{}", args.n_gen), r);
+        json.insert("tg_tok_s".into(), r.0.into());
+        json.insert("tg_std".into(), r.1.into());
+    }
+    if let Some(b) = args.batch.filter(|&b| b > 0) {
+        let n = args.n_gen.max(1);
+        let r = measure(args.repetitions, || batched(model.as_mut(), b, n, vocab));
+        row(format!("tg{n} batch {b}"), r);
+        json.insert("batch".into(), b.into());
+        json.insert("batch_tok_s".into(), r.0.into());
+        json.insert("batch_std".into(), r.1.into());
+    }
+    model.reset();
+    if args.json {
+        println!("{}", serde_json::Value::Object(json));
+    }
+    Ok(())
+}

@@ -1,0 +1,303 @@
+// Ferrum's CUDA kernels, compiled at run time with NVRTC for the device's
+// architecture. f32 activations; conventions as in backend.rs (row-major,
+// linear weights [n, k], head-major attention, half-split RoPE).
+
+typedef unsigned char u8;
+typedef unsigned int u32;
+
+__device__ __forceinline__ float h2f(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ float f16_at(const u8* b, int off) {
+    return h2f((unsigned short)(b[off] | (b[off + 1] << 8)));
+}
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    return v;
+}
+// Sum over a block of blockDim.x threads (a multiple of 32, at most 1024).
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    int nw = blockDim.x >> 5;
+    v = lane < nw ? part[lane] : 0.f;
+    return warp_sum(v);
+}
+
+// ── Norms (one block per row) ───────────────────────────────────────────
+extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, float eps, int dim) {
+    const float* xr = x + (size_t)blockIdx.x * dim;
+    float* o = out + (size_t)blockIdx.x * dim;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+    float inv = rsqrtf(block_sum(ss) / dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * inv * w[i];
+}
+
+extern "C" __global__ void fused_add_rms_norm(float* res, const float* x, const float* w, float* out, float eps, int dim) {
+    float* r = res + (size_t)blockIdx.x * dim;
+    const float* xr = x + (size_t)blockIdx.x * dim;
+    float* o = out + (size_t)blockIdx.x * dim;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = r[i] + xr[i];
+        r[i] = v;
+        ss += v * v;
+    }
+    float inv = rsqrtf(block_sum(ss) / dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = r[i] * inv * w[i];
+}
+
+extern "C" __global__ void layer_norm(const float* x, const float* g, const float* b, float* out, float eps, int dim) {
+    const float* xr = x + (size_t)blockIdx.x * dim;
+    float* o = out + (size_t)blockIdx.x * dim;
+    float s = 0.f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) s += xr[i];
+    float mean = block_sum(s) / dim;
+    float v = 0.f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) { float d = xr[i] - mean; v += d * d; }
+    float inv = rsqrtf(block_sum(v) / dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = (xr[i] - mean) * inv * g[i] + b[i];
+}
+
+// ── Element-wise ────────────────────────────────────────────────────────
+#define GRID_LOOP(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)(n); i += (size_t)gridDim.x * blockDim.x)
+
+extern "C" __global__ void add_inplace(float* r, const float* x, int n) { GRID_LOOP(i, n) r[i] += x[i]; }
+
+extern "C" __global__ void add_bias(float* d, const float* b, int rows, int cols) {
+    GRID_LOOP(i, (size_t)rows * cols) d[i] += b[i % cols];
+}
+
+extern "C" __global__ void gelu_erf(const float* x, float* out, int n) {
+    GRID_LOOP(i, n) { float v = x[i]; out[i] = 0.5f * v * (1.f + erff(v * 0.70710678118654752f)); }
+}
+
+extern "C" __global__ void silu_mul(const float* gu, float* out, int tokens, int im) {
+    GRID_LOOP(e, (size_t)tokens * im) {
+        size_t t = e / im, i = e % im;
+        float g = gu[t * 2 * im + i], u = gu[t * 2 * im + im + i];
+        out[e] = g / (1.f + expf(-g)) * u;
+    }
+}
+
+extern "C" __global__ void gelu_tanh_mul(const float* gu, float* out, int tokens, int im) {
+    GRID_LOOP(e, (size_t)tokens * im) {
+        size_t t = e / im, i = e % im;
+        float g = gu[t * 2 * im + i], u = gu[t * 2 * im + im + i];
+        float inner = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+        out[e] = 0.5f * g * (1.f + tanhf(inner)) * u;
+    }
+}
+
+extern "C" __global__ void split_qkv(const float* qkv, float* q, float* k, float* v, int tokens, int qd, int kvd) {
+    int w = qd + 2 * kvd;
+    GRID_LOOP(e, (size_t)tokens * w) {
+        size_t t = e / w; int c = e % w;
+        float x = qkv[e];
+        if (c < qd) q[t * qd + c] = x;
+        else if (c < qd + kvd) k[t * kvd + c - qd] = x;
+        else v[t * kvd + c - qd - kvd] = x;
+    }
+}
+
+extern "C" __global__ void embedding(const float* table, const u32* ids, float* out, int tokens, int dim) {
+    GRID_LOOP(e, (size_t)tokens * dim) {
+        size_t t = e / dim, c = e % dim;
+        out[e] = table[(size_t)ids[t] * dim + c];
+    }
+}
+
+// [heads, tokens, dim] -> [tokens, heads, dim]
+extern "C" __global__ void head_to_token(const float* src, float* dst, int tokens, int heads, int dim) {
+    GRID_LOOP(e, (size_t)tokens * heads * dim) {
+        size_t h = e / ((size_t)tokens * dim), r = e % ((size_t)tokens * dim);
+        size_t t = r / dim, c = r % dim;
+        dst[(t * heads + h) * dim + c] = src[e];
+    }
+}
+
+// New head-major rows [nkv, nt, hd] into caches [nkv, cap, hd] at cache_len.
+extern "C" __global__ void kv_append(float* ck, float* cv, const float* nk, const float* nv, int cache_len, int cap, int nt, int nkv, int hd) {
+    GRID_LOOP(e, (size_t)nkv * nt * hd) {
+        size_t h = e / ((size_t)nt * hd), r = e % ((size_t)nt * hd);
+        size_t t = r / hd, c = r % hd;
+        size_t dst = (h * cap + cache_len + t) * hd + c;
+        ck[dst] = nk[e];
+        cv[dst] = nv[e];
+    }
+}
+
+// One block of hd/2 threads (rounded up to 32) per (token, head): token-major
+// in, head-major out, with optional per-head RMSNorm (mode 1) and RoPE
+// (modes 1, 2) on (d, d + hd/2) pairs.
+extern "C" __global__ void qk_norm_rope(const float* in, const float* nw, const float* cs, const float* sn, float* out,
+                                        int tokens, int heads, int hd, int pos_offset, float eps, int mode) {
+    int t = blockIdx.x / heads, h = blockIdx.x % heads;
+    const float* src = in + ((size_t)t * heads + h) * hd;
+    float* dst = out + ((size_t)h * tokens + t) * hd;
+    int half = hd / 2;
+    if (mode == 0) {
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = src[i];
+        return;
+    }
+    float scale = 1.f;
+    if (mode == 1) {
+        float ss = 0.f;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += src[i] * src[i];
+        scale = rsqrtf(block_sum(ss) / hd + eps);
+    }
+    int p = pos_offset + t;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float a = src[i] * scale, b = src[i + half] * scale;
+        if (mode == 1) { a *= nw[i]; b *= nw[i + half]; }
+        float c = cs[(size_t)p * half + i], s = sn[(size_t)p * half + i];
+        dst[i] = a * c - b * s;
+        dst[i + half] = b * c + a * s;
+    }
+}
+
+// ── Attention: one warp per (batch, head, query), online softmax ───────────
+// q [b, nh, ql, hd]; k, v [b, nkv, stride, hd]; out like q. hd <= 256.
+extern "C" __global__ void attention(const float* q, const float* k, const float* v, float* out,
+                                     int nh, int nkv, int ql, int kvl, int stride, int hd, int pos_offset,
+                                     int causal, float scale, int window, int batch) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    int i = warp % ql, h = (warp / ql) % nh, b = warp / (ql * nh);
+    if (b >= batch) return;
+    int kh = h / (nh / nkv);
+    const float* qr = q + (((size_t)b * nh + h) * ql + i) * hd;
+    const float* kb = k + ((size_t)b * nkv + kh) * stride * hd;
+    const float* vb = v + ((size_t)b * nkv + kh) * stride * hd;
+    float qv[8], acc[8];
+    int per = (hd + 31) / 32;
+    for (int j = 0; j < per; j++) { int d = lane + 32 * j; qv[j] = d < hd ? qr[d] * scale : 0.f; acc[j] = 0.f; }
+    int p = pos_offset + i;
+    int hi = causal ? min(kvl, p + 1) : kvl;
+    int lo = (window > 0 && p + 1 > window) ? p + 1 - window : 0;
+    float m = -INFINITY, l = 0.f;
+    for (int j = lo; j < hi; j++) {
+        const float* kr = kb + (size_t)j * hd;
+        float s = 0.f;
+        for (int t = 0; t < per; t++) { int d = lane + 32 * t; if (d < hd) s += qv[t] * kr[d]; }
+        s = warp_sum(s);
+        float mn = fmaxf(m, s), corr = expf(m - mn), pj = expf(s - mn);
+        l = l * corr + pj;
+        const float* vr = vb + (size_t)j * hd;
+        for (int t = 0; t < per; t++) { int d = lane + 32 * t; acc[t] = acc[t] * corr + (d < hd ? pj * vr[d] : 0.f); }
+        m = mn;
+    }
+    float* o = out + (((size_t)b * nh + h) * ql + i) * hd;
+    float inv = l > 0.f ? 1.f / l : 0.f;
+    for (int t = 0; t < per; t++) { int d = lane + 32 * t; if (d < hd) o[d] = acc[t] * inv; }
+}
+
+// ── GGUF blocks: element i of one block ─────────────────────────────────
+__device__ __forceinline__ float deq_q4_0(const u8* b, int i) {
+    int j = i & 15; int q = i < 16 ? (b[2 + j] & 15) : (b[2 + j] >> 4);
+    return (q - 8) * f16_at(b, 0);
+}
+__device__ __forceinline__ float deq_q4_1(const u8* b, int i) {
+    int j = i & 15; int q = i < 16 ? (b[4 + j] & 15) : (b[4 + j] >> 4);
+    return q * f16_at(b, 0) + f16_at(b, 2);
+}
+__device__ __forceinline__ int q5_val(const u8* qhp, const u8* qs, int i) {
+    u32 qh = qhp[0] | (qhp[1] << 8) | (qhp[2] << 16) | ((u32)qhp[3] << 24);
+    int j = i & 15;
+    if (i < 16) return (qs[j] & 15) | (((qh >> j) << 4) & 0x10);
+    return (qs[j] >> 4) | ((qh >> (j + 12)) & 0x10);
+}
+__device__ __forceinline__ float deq_q5_0(const u8* b, int i) { return (q5_val(b + 2, b + 6, i) - 16) * f16_at(b, 0); }
+__device__ __forceinline__ float deq_q5_1(const u8* b, int i) { return q5_val(b + 4, b + 8, i) * f16_at(b, 0) + f16_at(b, 2); }
+__device__ __forceinline__ float deq_q8_0(const u8* b, int i) { return (signed char)b[2 + i] * f16_at(b, 0); }
+__device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* s, int* m) {
+    if (j < 4) { *s = q[j] & 63; *m = q[j + 4] & 63; }
+    else { *s = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4); *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4); }
+}
+__device__ __forceinline__ float deq_q4_k(const u8* b, int i) {
+    int c = i >> 6, l = i & 31, hi = (i & 63) >= 32, s, m;
+    scale_min_k4(2 * c + hi, b + 4, &s, &m);
+    u8 x = b[16 + c * 32 + l];
+    int q = hi ? (x >> 4) : (x & 15);
+    return f16_at(b, 0) * s * q - f16_at(b, 2) * m;
+}
+__device__ __forceinline__ float deq_q5_k(const u8* b, int i) {
+    int c = i >> 6, l = i & 31, hi = (i & 63) >= 32, s, m;
+    scale_min_k4(2 * c + hi, b + 4, &s, &m);
+    u8 x = b[48 + c * 32 + l];
+    int q = (hi ? (x >> 4) : (x & 15)) + ((b[16 + l] & ((hi ? 2 : 1) << (2 * c))) ? 16 : 0);
+    return f16_at(b, 0) * s * q - f16_at(b, 2) * m;
+}
+__device__ __forceinline__ float deq_q6_k(const u8* b, int i) {
+    int half = i >> 7, r = i & 127, seg = r >> 5, l = r & 31, is = l >> 4;
+    const u8* ql = b + half * 64; const u8* qh = b + 128 + half * 32; const u8* sc = b + 192 + half * 8;
+    int lo = (seg & 1) ? ql[l + 32] : ql[l];
+    lo = (seg & 2) ? (lo >> 4) : (lo & 15);
+    int q = lo | (((qh[l] >> (2 * seg)) & 3) << 4);
+    return f16_at(b, 208) * (signed char)sc[is + 2 * seg] * (q - 32);
+}
+__device__ __forceinline__ float deq_q2_k(const u8* b, int i) {
+    int half = i >> 7, r = i & 127, j = r >> 5, part = (r & 31) >> 4, l = r & 15;
+    int sc = b[half * 8 + j * 2 + part];
+    int q = (b[16 + half * 32 + part * 16 + l] >> (2 * j)) & 3;
+    return f16_at(b, 80) * (sc & 15) * q - f16_at(b, 82) * (sc >> 4);
+}
+__device__ __forceinline__ float deq_q3_k(const u8* b, int i) {
+    int half = i >> 7, r = i & 127, j = r >> 5, part = (r & 31) >> 4, l = r & 15;
+    int is = half * 8 + j * 2 + part, idx = part * 16 + l;
+    const u8* pk = b + 96;
+    int low = is < 8 ? (pk[is] & 15) : (pk[is - 8] >> 4);
+    int high = (pk[8 + (is & 3)] >> (2 * (is >> 2))) & 3;
+    int s = (low | (high << 4)) - 32;
+    int q = (b[32 + half * 32 + idx] >> (2 * j)) & 3;
+    int sub = (b[idx] & (1 << (half * 4 + j))) ? 0 : 4;
+    return f16_at(b, 108) * s * (q - sub);
+}
+
+// Per type: dequantize a whole [n, k] weight (for cuBLAS at m > 8), and a
+// GEMV-style kernel for m <= 8 rows that reads the blocks once: one warp per
+// output column, lanes striding over k.
+#define QUANT_KERNELS(T, QK, BB)                                                              \
+extern "C" __global__ void dequant_##T(const u8* w, float* out, int n, int k) {              \
+    size_t rb = (size_t)(k / QK) * BB;                                                        \
+    GRID_LOOP(e, (size_t)n * k) {                                                             \
+        size_t row = e / k; int i = e % k;                                                    \
+        out[e] = deq_##T(w + row * rb + (size_t)(i / QK) * BB, i % QK);                       \
+    }                                                                                         \
+}                                                                                             \
+extern "C" __global__ void gemv_##T(const u8* w, const float* x, float* out, int m, int n, int k) { \
+    int col = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;          \
+    if (col >= n) return;                                                                     \
+    const u8* row = w + (size_t)col * (k / QK) * BB;                                          \
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                  \
+    for (int i = lane; i < k; i += 32) {                                                      \
+        float wv = deq_##T(row + (size_t)(i / QK) * BB, i % QK);                              \
+        for (int r = 0; r < 8; r++) if (r < m) acc[r] += wv * x[(size_t)r * k + i];           \
+    }                                                                                         \
+    for (int r = 0; r < 8; r++) {                                                             \
+        if (r >= m) break;                                                                    \
+        float s = warp_sum(acc[r]);                                                           \
+        if (lane == 0) out[(size_t)r * n + col] = s;                                          \
+    }                                                                                         \
+}
+
+QUANT_KERNELS(q4_0, 32, 18)
+QUANT_KERNELS(q4_1, 32, 20)
+QUANT_KERNELS(q5_0, 32, 22)
+QUANT_KERNELS(q5_1, 32, 24)
+QUANT_KERNELS(q8_0, 32, 34)
+QUANT_KERNELS(q2_k, 256, 84)
+QUANT_KERNELS(q3_k, 256, 110)
+QUANT_KERNELS(q4_k, 256, 144)
+QUANT_KERNELS(q5_k, 256, 176)
+QUANT_KERNELS(q6_k, 256, 210)
