@@ -6,6 +6,8 @@
 
 mod backend;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod quant;
 
 pub use backend::{
@@ -13,3 +15,5 @@ pub use backend::{
     ReduceOp,
 };
 pub use cpu::{CpuBackend, CpuBuffer, CpuGptqWeight};
+#[cfg(feature = "cuda")]
+pub use cuda::CudaBackend;

@@ -185,7 +185,7 @@ extern "C" __global__ void attention(const float* q, const float* k, const float
     int p = pos_offset + i;
     int hi = causal ? min(kvl, p + 1) : kvl;
     int lo = (window > 0 && p + 1 > window) ? p + 1 - window : 0;
-    float m = -INFINITY, l = 0.f;
+    float m = __int_as_float(0xff800000), l = 0.f;  // -inf
     for (int j = lo; j < hi; j++) {
         const float* kr = kb + (size_t)j * hd;
         float s = 0.f;

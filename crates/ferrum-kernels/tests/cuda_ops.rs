@@ -1,0 +1,329 @@
+//! Every `CudaBackend` op against `CpuBackend` (itself checked against f64
+//! references in `cpu_ops.rs`) on random inputs. Normalized MSE
+//! (Σ(gpu−cpu)² / Σcpu²) must stay under 5e-4 for GEMM-like ops and
+//! attention (the bar; f32 cuBLAS and our kernels land near 1e-12)
+//! and 1e-6 for element-wise ops. Without a GPU every test prints why it
+//! skips and passes, so CI (no GPU) stays green.
+
+#![cfg(feature = "cuda")]
+#![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
+
+use ferrum_kernels::quant::dequantize;
+use ferrum_kernels::{
+    pack_bytes, AttnConfig, Backend, CpuBackend as C, CudaBackend as G, GgufQuantType, QuantKind,
+    QuantWeights,
+};
+use ferrum_types::GgmlType;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+const MATMUL: f64 = 5e-4;
+const ELEMENTWISE: f64 = 1e-6;
+
+/// Skips (with a note) only when there is no GPU; a GPU that fails to
+/// initialise (kernel compile error, ...) fails the test.
+fn gpu() -> bool {
+    if !G::device_present() {
+        eprintln!("skipped: no CUDA GPU found");
+        return false;
+    }
+    G::init(0).unwrap();
+    true
+}
+
+fn rand_vec(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+fn nmse(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+        .sum();
+    let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
+    num / den.max(1e-30)
+}
+
+fn assert_nmse(what: &str, got: &[f32], want: &[f32], tol: f64) {
+    let e = nmse(got, want);
+    eprintln!("{what}: nmse {e:e}");
+    assert!(e <= tol, "{what}: normalized MSE {e:e} > {tol:e}");
+}
+
+fn up(v: &[f32]) -> (<C as Backend>::Buffer, <G as Backend>::Buffer) {
+    (C::from_slice(v), G::from_slice(v))
+}
+
+#[test]
+fn dense_gemm() {
+    if !gpu() {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(1);
+    for (m, n, k) in [(1, 896, 896), (7, 300, 129), (64, 512, 256)] {
+        let a = rand_vec(&mut rng, m * k);
+        let b = rand_vec(&mut rng, n * k);
+        let (ca, ga) = up(&a);
+        let (cb, gb) = up(&b);
+        let (mut co, mut go) = (C::alloc(m * n), G::alloc(m * n));
+        C::gemm(&mut (), &ca, &cb, &mut co, m, n, k);
+        let ctx = &mut G::new_context();
+        G::gemm(ctx, &ga, &gb, &mut go, m, n, k);
+        G::sync(ctx);
+        assert_nmse(
+            &format!("gemm {m}x{n}x{k}"),
+            &G::to_vec(&go, m * n),
+            &C::to_vec(&co, m * n),
+            MATMUL,
+        );
+    }
+}
+
+/// Random GGUF blocks with sane f16 scales at each type's scale offsets.
+fn random_blocks(rng: &mut StdRng, ty: GgmlType, n: usize, k: usize) -> Vec<u8> {
+    let (bs, bb) = (ty.block_size(), ty.block_bytes());
+    let mut bytes: Vec<u8> = (0..n * k / bs * bb).map(|_| rng.random()).collect();
+    let offsets: &[usize] = match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q6_K => &[208],
+        other => panic!("no test layout for {other:?}"),
+    };
+    for blk in bytes.chunks_mut(bb) {
+        for &o in offsets {
+            let s = half::f16::from_f32(rng.random_range(0.001f32..0.05)).to_le_bytes();
+            blk[o..o + 2].copy_from_slice(&s);
+        }
+    }
+    bytes
+}
+
+#[test]
+fn quantized_gemm_every_block_type() {
+    if !gpu() {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(2);
+    let types = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
+    let (n, k) = (96, 512);
+    for ty in types {
+        let bytes = random_blocks(&mut rng, ty, n, k);
+        let mut w = vec![0f32; n * k];
+        dequantize(ty, &bytes, &mut w).unwrap();
+        let (cw, _) = up(&w);
+        let gw = G::from_slice(&pack_bytes(&bytes));
+        let kind = QuantKind::Gguf {
+            quant_type: GgufQuantType::from_ggml(ty).unwrap(),
+        };
+        for m in [1, 5, 8, 33] {
+            let a = rand_vec(&mut rng, m * k);
+            let (ca, ga) = up(&a);
+            let (mut co, mut go) = (C::alloc(m * n), G::alloc(m * n));
+            C::gemm(&mut (), &ca, &cw, &mut co, m, n, k);
+            let ctx = &mut G::new_context();
+            let qw = QuantWeights::<G> {
+                qweight: &gw,
+                scales: None,
+                zeros: None,
+                g_idx: None,
+            };
+            G::gemm_quant(ctx, &ga, &qw, &mut go, m, n, k, &kind).unwrap();
+            G::sync(ctx);
+            assert_nmse(
+                &format!("gemm_quant {ty:?} m={m}"),
+                &G::to_vec(&go, m * n),
+                &C::to_vec(&co, m * n),
+                MATMUL,
+            );
+        }
+    }
+}
+
+#[test]
+fn attention_matches_cpu() {
+    if !gpu() {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(3);
+    // (batch, heads, kv heads, hd, q_len, kv_len, stride, pos, causal, window)
+    for (b, nh, nkv, hd, ql, kvl, stride, pos, causal, win) in [
+        (1, 4, 2, 64, 1, 300, 512, 299, true, 0),
+        (2, 6, 2, 32, 17, 17, 0, 0, true, 0),
+        (1, 8, 8, 128, 9, 40, 64, 31, true, 8),
+        (3, 4, 4, 16, 12, 12, 0, 0, false, 0),
+        (1, 2, 1, 256, 5, 5, 0, 0, true, 0),
+    ] {
+        let s = if stride == 0 { kvl } else { stride };
+        let q = rand_vec(&mut rng, b * nh * ql * hd);
+        let k = rand_vec(&mut rng, b * nkv * s * hd);
+        let v = rand_vec(&mut rng, b * nkv * s * hd);
+        let cfg = AttnConfig {
+            num_heads: nh,
+            num_kv_heads: nkv,
+            head_dim: hd,
+            causal,
+            scale: 1.0 / (hd as f32).sqrt(),
+            kv_seq_stride: stride,
+            sliding_window: win,
+        };
+        let ((cq, gq), (ck, gk), (cv, gv)) = (up(&q), up(&k), up(&v));
+        let (mut co, mut go) = (C::alloc(q.len()), G::alloc(q.len()));
+        C::flash_attention(&mut (), &cq, &ck, &cv, &mut co, b, ql, kvl, pos, &cfg);
+        let ctx = &mut G::new_context();
+        G::flash_attention(ctx, &gq, &gk, &gv, &mut go, b, ql, kvl, pos, &cfg);
+        G::sync(ctx);
+        assert_nmse(
+            &format!("attention b{b} h{nh}/{nkv} hd{hd} q{ql} kv{kvl}"),
+            &G::to_vec(&go, q.len()),
+            &C::to_vec(&co, q.len()),
+            MATMUL,
+        );
+    }
+}
+
+#[test]
+fn elementwise_and_layout_ops() {
+    if !gpu() {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(4);
+    let (t, d) = (7, 200);
+    let x = rand_vec(&mut rng, t * d);
+    let y = rand_vec(&mut rng, t * d);
+    let w = rand_vec(&mut rng, d);
+    let bias = rand_vec(&mut rng, d);
+    let ((cx, gx), (cw, gw), (cb, gb)) = (up(&x), up(&w), up(&bias));
+    let ctx = &mut G::new_context();
+    let n = t * d;
+    let check = |what: &str, g: &<G as Backend>::Buffer, c: &<C as Backend>::Buffer, len: usize| {
+        assert_nmse(what, &G::to_vec(g, len), &C::to_vec(c, len), ELEMENTWISE);
+    };
+
+    let (mut co, mut go) = (C::alloc(n), G::alloc(n));
+    C::rms_norm(&mut (), &cx, &cw, 1e-6, &mut co, t, d);
+    G::rms_norm(ctx, &gx, &gw, 1e-6, &mut go, t, d);
+    check("rms_norm", &go, &co, n);
+
+    let (mut cr, mut gr) = up(&y);
+    C::fused_add_rms_norm(&mut (), &mut cr, &cx, &cw, 1e-5, &mut co, t, d);
+    G::fused_add_rms_norm(ctx, &mut gr, &gx, &gw, 1e-5, &mut go, t, d);
+    check("fused_add_rms_norm out", &go, &co, n);
+    check("fused_add_rms_norm residual", &gr, &cr, n);
+
+    C::layer_norm(&mut (), &cx, &cw, &cb, 1e-12, &mut co, t, d);
+    G::layer_norm(ctx, &gx, &gw, &gb, 1e-12, &mut go, t, d);
+    check("layer_norm", &go, &co, n);
+
+    C::gelu(&mut (), &cx, &mut co, n);
+    G::gelu(ctx, &gx, &mut go, n);
+    check("gelu", &go, &co, n);
+
+    let (mut cr, mut gr) = up(&y);
+    C::add_inplace(&mut (), &mut cr, &cx, n);
+    G::add_inplace(ctx, &mut gr, &gx, n);
+    check("add_inplace", &gr, &cr, n);
+    C::add_bias(&mut (), &mut cr, &cb, t, d);
+    G::add_bias(ctx, &mut gr, &gb, t, d);
+    check("add_bias", &gr, &cr, n);
+
+    let im = d / 2;
+    let (mut ca, mut ga) = (C::alloc(t * im), G::alloc(t * im));
+    C::fused_silu_mul_split(&mut (), &cx, &mut ca, t, im);
+    G::fused_silu_mul_split(ctx, &gx, &mut ga, t, im);
+    check("silu_mul", &ga, &ca, t * im);
+    C::fused_gelu_tanh_mul_split(&mut (), &cx, &mut ca, t, im);
+    G::fused_gelu_tanh_mul_split(ctx, &gx, &mut ga, t, im);
+    check("gelu_tanh_mul", &ga, &ca, t * im);
+
+    // split_qkv with q 100, k/v 50 columns.
+    let (qd, kvd) = (100, 50);
+    let (mut cq, mut ck, mut cv) = (C::alloc(t * qd), C::alloc(t * kvd), C::alloc(t * kvd));
+    let (mut gq, mut gk, mut gv) = (G::alloc(t * qd), G::alloc(t * kvd), G::alloc(t * kvd));
+    C::split_qkv(&mut (), &cx, &mut cq, &mut ck, &mut cv, t, qd, kvd);
+    G::split_qkv(ctx, &gx, &mut gq, &mut gk, &mut gv, t, qd, kvd);
+    check("split q", &gq, &cq, t * qd);
+    check("split k", &gk, &ck, t * kvd);
+    check("split v", &gv, &cv, t * kvd);
+
+    // Embedding rows.
+    let ids = [3u32, 0, 6, 6, 1];
+    let (mut ce, mut ge) = (C::alloc(ids.len() * d), G::alloc(ids.len() * d));
+    C::embedding_lookup(&mut (), &cx, &ids, &mut ce, d);
+    G::embedding_lookup(ctx, &gx, &ids, &mut ge, d);
+    check("embedding", &ge, &ce, ids.len() * d);
+
+    // copy_slice.
+    let (mut cd, mut gd) = up(&y);
+    C::copy_slice(&mut (), &cx, 13, &mut cd, 101, 300);
+    G::copy_slice(ctx, &gx, 13, &mut gd, 101, 300);
+    check("copy_slice", &gd, &cd, n);
+
+    // qk_norm_rope in all three modes, then head->token, then KV append.
+    let (heads, hd, pos) = (5, 40, 9);
+    let half = hd / 2;
+    let tables = (pos + t) * half;
+    let cos: Vec<f32> = (0..tables).map(|i| (i as f32 * 0.37).cos()).collect();
+    let sin: Vec<f32> = (0..tables).map(|i| (i as f32 * 0.37).sin()).collect();
+    let nw = rand_vec(&mut rng, hd);
+    let inp = rand_vec(&mut rng, t * heads * hd);
+    let ((ccos, gcos), (csin, gsin), (cnw, gnw), (ci, gi)) =
+        (up(&cos), up(&sin), up(&nw), up(&inp));
+    let len = t * heads * hd;
+    let (mut ch, mut gh) = (C::alloc(len), G::alloc(len));
+    for mode in 0..3 {
+        C::qk_norm_rope(
+            &mut (),
+            &ci,
+            &cnw,
+            &ccos,
+            &csin,
+            &mut ch,
+            t,
+            heads,
+            hd,
+            pos,
+            1e-6,
+            mode,
+        );
+        G::qk_norm_rope(
+            ctx, &gi, &gnw, &gcos, &gsin, &mut gh, t, heads, hd, pos, 1e-6, mode,
+        );
+        check(&format!("qk_norm_rope mode {mode}"), &gh, &ch, len);
+    }
+    let (mut ct, mut gt) = (C::alloc(len), G::alloc(len));
+    C::transpose_head_to_token(&mut (), &ch, &mut ct, t, heads, hd);
+    G::transpose_head_to_token(ctx, &gh, &mut gt, t, heads, hd);
+    check("transpose_head_to_token", &gt, &ct, len);
+    let cap = 20;
+    let (mut ckc, mut cvc) = (C::alloc(heads * cap * hd), C::alloc(heads * cap * hd));
+    let (mut gkc, mut gvc) = (G::alloc(heads * cap * hd), G::alloc(heads * cap * hd));
+    C::kv_cache_append_head_major(&mut (), &mut ckc, &mut cvc, 4, cap, &ch, &ct, t, heads, hd);
+    G::kv_cache_append_head_major(ctx, &mut gkc, &mut gvc, 4, cap, &gh, &gt, t, heads, hd);
+    check("kv append k", &gkc, &ckc, heads * cap * hd);
+    check("kv append v", &gvc, &cvc, heads * cap * hd);
+}
+
+#[test]
+fn init_reports_missing_devices_as_errors() {
+    // An ordinal past the last device is an error, never a panic.
+    if G::init(0).is_ok() {
+        // Already open on device 0: asking again returns the same device.
+        assert!(G::init(0).is_ok());
+    } else {
+        assert!(G::init(1000).is_err());
+    }
+}
