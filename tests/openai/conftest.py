@@ -68,3 +68,10 @@ def keyed_server():
     s = Server("--model", "smollm2", "--api-key", "sekret")
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_queue_server():
+    s = Server("--model", "smollm2", "--max-queue", "1")
+    yield s
+    s.stop()

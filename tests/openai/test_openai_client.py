@@ -268,3 +268,39 @@ def test_concurrent_embeddings_batch(embed_server):
         t.join()
     for o in out:
         assert max(abs(a - b) for a, b in zip(o, alone)) < 1e-5
+
+
+def test_full_queue_is_429(tiny_queue_server):
+    s = tiny_queue_server
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}
+    req = urllib.request.Request(s.url + "/v1/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    first = urllib.request.urlopen(req)
+    first.readline()  # the first request is running and holds the only slot
+    code, resp = post(s, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2})
+    assert code == 429 and resp["error"]["type"] == "rate_limit_error"
+    first.close()
+    deadline = time.time() + 30
+    while time.time() < deadline and metric(s, "ferrum_requests_pending") != 0:
+        time.sleep(0.2)
+    code, _ = post(s, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2})
+    assert code == 200
+
+
+def test_graceful_shutdown_finishes_in_flight():
+    from conftest import Server
+    s = Server("--model", "smollm2")
+    out = {}
+
+    def run():
+        out["r"] = post(s, "/v1/completions", {"model": MODEL, "prompt": "Count: 1, 2,", "max_tokens": 48,
+                                                "temperature": 0})
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(0.5)
+    s.proc.send_signal(15)  # SIGTERM while the request runs
+    t.join(timeout=60)
+    assert out["r"][0] == 200 and out["r"][1]["choices"][0]["text"]
+    assert s.proc.wait(timeout=60) == 0
+    s.log.close()

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use ferrum_formats::gguf::GgufFile;
-use ferrum_kernels::CpuBackend;
 use ferrum_models::llama::LlamaModel;
 use ferrum_models::DecoderOnlyLLM;
 use ferrum_tokenizer::Tokenizer;
@@ -37,6 +36,68 @@ pub fn resolve(model: &str) -> Result<PathBuf> {
         names.join(", ")
     )
 }
+
+/// Where a model runs: `cpu` (default), `cuda` or `cuda:N`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda(usize),
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" | "gpu" => Ok(Device::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Device::Cuda)
+                .ok_or_else(|| format!("unknown device {s:?} (use cpu, cuda or cuda:N)")),
+        }
+    }
+}
+
+impl Device {
+    /// Opens the GPU when one is asked for; a clear error when this build
+    /// has no CUDA or the machine no GPU.
+    pub fn init(self) -> Result<()> {
+        match self {
+            Device::Cpu => Ok(()),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(n) => Ok(ferrum_kernels::CudaBackend::init(n)?),
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => bail!(
+                "this ferrum was built without CUDA; rebuild with `cargo build --release --features cuda`"
+            ),
+        }
+    }
+}
+
+/// Builds a `LlamaModel` on the backend `device` names.
+macro_rules! on_device {
+    ($device:expr, |$B:ident| $body:expr) => {{
+        match $device {
+            Device::Cpu => {
+                type $B = ferrum_kernels::CpuBackend;
+                $body
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => {
+                type $B = ferrum_kernels::CudaBackend;
+                $body
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => {
+                type $B = ferrum_kernels::CpuBackend;
+                $body
+            }
+        }
+    }};
+}
+pub(crate) use on_device;
 
 pub enum ModelFiles {
     Gguf(GgufFile),
@@ -70,8 +131,9 @@ impl ModelFiles {
         })
     }
 
-    /// Loads the weights onto the CPU backend, with a spinner on stderr.
-    pub fn load_llm(&self) -> Result<Box<dyn DecoderOnlyLLM>> {
+    /// Loads the weights onto `device`, with a spinner on stderr.
+    pub fn load_llm(&self, device: Device) -> Result<Box<dyn DecoderOnlyLLM>> {
+        device.init()?;
         let bar = ProgressBar::new_spinner();
         bar.set_style(
             ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
@@ -79,10 +141,10 @@ impl ModelFiles {
         );
         bar.set_message("loading model");
         bar.enable_steady_tick(Duration::from_millis(120));
-        let model: Result<Box<dyn DecoderOnlyLLM>> = match self {
-            Self::Gguf(g) => Ok(Box::new(LlamaModel::<CpuBackend>::from_gguf(g)?)),
-            Self::HfDir(d) => Ok(Box::new(LlamaModel::<CpuBackend>::from_hf_dir(d)?)),
-        };
+        let model: Result<Box<dyn DecoderOnlyLLM>> = on_device!(device, |B| match self {
+            Self::Gguf(g) => Ok(Box::new(LlamaModel::<B>::from_gguf(g)?)),
+            Self::HfDir(d) => Ok(Box::new(LlamaModel::<B>::from_hf_dir(d)?)),
+        });
         bar.finish_and_clear();
         model
     }

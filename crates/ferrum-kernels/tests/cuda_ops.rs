@@ -8,7 +8,7 @@
 #![cfg(feature = "cuda")]
 #![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
 
-use ferrum_kernels::quant::dequantize;
+use ferrum_kernels::quant::{dequantize, random_blocks};
 use ferrum_kernels::{
     pack_bytes, AttnConfig, Backend, CpuBackend as C, CudaBackend as G, GgufQuantType, QuantKind,
     QuantWeights,
@@ -80,27 +80,6 @@ fn dense_gemm() {
     }
 }
 
-/// Random GGUF blocks with sane f16 scales at each type's scale offsets.
-fn random_blocks(rng: &mut StdRng, ty: GgmlType, n: usize, k: usize) -> Vec<u8> {
-    let (bs, bb) = (ty.block_size(), ty.block_bytes());
-    let mut bytes: Vec<u8> = (0..n * k / bs * bb).map(|_| rng.random()).collect();
-    let offsets: &[usize] = match ty {
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
-        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
-        GgmlType::Q2_K => &[80, 82],
-        GgmlType::Q3_K => &[108],
-        GgmlType::Q6_K => &[208],
-        other => panic!("no test layout for {other:?}"),
-    };
-    for blk in bytes.chunks_mut(bb) {
-        for &o in offsets {
-            let s = half::f16::from_f32(rng.random_range(0.001f32..0.05)).to_le_bytes();
-            blk[o..o + 2].copy_from_slice(&s);
-        }
-    }
-    bytes
-}
-
 #[test]
 fn quantized_gemm_every_block_type() {
     if !gpu() {
@@ -121,7 +100,7 @@ fn quantized_gemm_every_block_type() {
     ];
     let (n, k) = (96, 512);
     for ty in types {
-        let bytes = random_blocks(&mut rng, ty, n, k);
+        let bytes = random_blocks(ty, n * k / ty.block_size(), 2).unwrap();
         let mut w = vec![0f32; n * k];
         dequantize(ty, &bytes, &mut w).unwrap();
         let (cw, _) = up(&w);

@@ -12,13 +12,27 @@ use anyhow::{bail, Result};
 use clap::Args;
 use ferrum_models::DecoderOnlyLLM;
 
-use crate::model_files::{resolve, ModelFiles, DEFAULT_MODEL};
+use ferrum_kernels::GgufQuantType;
+use ferrum_models::llama::LlamaModel;
+use ferrum_types::GgmlType;
+
+use crate::model_files::{on_device, resolve, Device, ModelFiles, DEFAULT_MODEL};
 
 #[derive(Args)]
 pub struct BenchArgs {
+    /// Where to run: cpu, cuda or cuda:N (needs a build with --features cuda).
+    #[arg(long, default_value = "cpu")]
+    device: Device,
     /// A .gguf file, a Hugging Face folder, or an alias.
     #[arg(long, short = 'm', default_value = DEFAULT_MODEL)]
     model: String,
+    /// Instead of --model, random weights of a known model's shapes:
+    /// llama3-8b, qwen2.5-7b, qwen2.5-1.5b or qwen2.5-0.5b.
+    #[arg(long, value_name = "PRESET")]
+    random_weights: Option<String>,
+    /// Block format of the random weights (q4_0, q4_1, q5_0, q5_1, q8_0, q2_k .. q6_k).
+    #[arg(long, default_value = "q4_k")]
+    random_type: String,
     /// Prompt tokens for the pp test (0 skips it).
     #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
     n_prompt: usize,
@@ -112,6 +126,28 @@ fn measure(reps: usize, mut f: impl FnMut() -> f64) -> (f64, f64) {
     stats(&xs)
 }
 
+/// A model of a preset's shapes with random weights in `ty` blocks.
+fn random_model(preset: &str, ty: &str, device: Device) -> Result<Box<dyn DecoderOnlyLLM>> {
+    let Some(cfg) = ferrum_models::llama::preset(preset) else {
+        bail!(
+            "unknown preset {preset:?}; choose one of {}",
+            ferrum_models::llama::PRESETS.join(", ")
+        );
+    };
+    let Some(qt) = GgmlType::all()
+        .find(|t| format!("{t:?}").eq_ignore_ascii_case(ty))
+        .and_then(GgufQuantType::from_ggml)
+    else {
+        bail!(
+            "--random-type {ty:?} is not a block format with a kernel (try q4_k, q6_k, q8_0, q4_0)"
+        );
+    };
+    device.init()?;
+    on_device!(device, |B| Ok(Box::new(LlamaModel::<B>::random(
+        cfg, qt, 1
+    )?)))
+}
+
 pub fn run(args: BenchArgs) -> Result<()> {
     if args.repetitions == 0 {
         bail!("-r must be at least 1");
@@ -125,20 +161,31 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .build_global()
             .map_err(|e| anyhow::anyhow!("cannot set up {t} threads: {e}"))?;
     }
-    let path = resolve(&args.model)?;
-    let files = ModelFiles::open(&path)?;
-    let mut model = files.load_llm()?;
+    let (name, mut model) = match &args.random_weights {
+        Some(p) => (
+            format!("{p} random {}", args.random_type),
+            random_model(p, &args.random_type, args.device)?,
+        ),
+        None => {
+            let path = resolve(&args.model)?;
+            let files = ModelFiles::open(&path)?;
+            let name = path
+                .file_name()
+                .map_or_else(|| args.model.clone(), |n| n.to_string_lossy().into_owned());
+            (name, files.load_llm(args.device)?)
+        }
+    };
     let vocab = model.config().vocab_size;
     let capacity = model.kv_capacity();
     let longest = args.n_prompt.max(args.n_gen + 1);
     if longest > capacity {
         bail!("a test needs {longest} positions but the KV capacity is {capacity} (set FERRUM_KV_CAPACITY)");
     }
-    let name = path
-        .file_name()
-        .map_or_else(|| args.model.clone(), |n| n.to_string_lossy().into_owned());
-    let threads = ferrum_kernels::cpu::threads();
-    println!("| model | threads | test | t/s |");
+    let threads = match args.device {
+        Device::Cpu => ferrum_kernels::cpu::threads().to_string(),
+        Device::Cuda(n) => format!("cuda:{n}"),
+    };
+    println!("| model | threads/device | test | t/s |");
     println!("|---|---|---|---|");
     let row = |test: String, (m, s): (f64, f64)| {
         println!("| {name} | {threads} | {test} | {m:.2} ± {s:.2} |")

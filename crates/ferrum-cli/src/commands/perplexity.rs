@@ -10,10 +10,13 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::model_files::{resolve, ModelFiles};
+use crate::model_files::{resolve, Device, ModelFiles};
 
 #[derive(Args)]
 pub struct PerplexityArgs {
+    /// Where to run: cpu, cuda or cuda:N (needs a build with --features cuda).
+    #[arg(long, default_value = "cpu")]
+    device: Device,
     /// A .gguf file, a Hugging Face folder, or an alias.
     #[arg(long)]
     model: String,
@@ -40,7 +43,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
     let tokens = tok.encode(&text, true, false)?;
-    let mut model = files.load_llm()?;
+    let mut model = files.load_llm(args.device)?;
     if args.ctx > model.kv_capacity() {
         bail!(
             "--ctx {} exceeds the KV capacity {} (set FERRUM_KV_CAPACITY)",

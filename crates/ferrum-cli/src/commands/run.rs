@@ -11,10 +11,13 @@ use ferrum_models::DecoderOnlyLLM;
 use ferrum_tokenizer::chat::{ChatOptions, ChatTemplate, Message};
 use ferrum_tokenizer::Tokenizer;
 
-use crate::model_files::{resolve, ModelFiles, DEFAULT_MODEL};
+use crate::model_files::{resolve, Device, ModelFiles, DEFAULT_MODEL};
 
 #[derive(Args)]
 pub struct RunArgs {
+    /// Where to run: cpu, cuda or cuda:N (needs a build with --features cuda).
+    #[arg(long, default_value = "cpu")]
+    device: Device,
     /// A .gguf file, a Hugging Face folder, or an alias.
     #[arg(long, default_value = DEFAULT_MODEL)]
     model: String,
@@ -79,7 +82,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             args.model
         );
     }
-    let mut model = files.load_llm()?;
+    let mut model = files.load_llm(args.device)?;
     // Ctrl-C stops the answer being generated; at the input prompt it exits.
     let generating = Arc::new(AtomicBool::new(false));
     let interrupted = Arc::new(AtomicBool::new(false));

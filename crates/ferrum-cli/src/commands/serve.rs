@@ -8,10 +8,13 @@ use ferrum_engine::Embedder;
 use ferrum_kernels::CpuBackend;
 use ferrum_server::{LoadedModel, ServeConfig};
 
-use crate::model_files::{resolve, ModelFiles, DEFAULT_MODEL};
+use crate::model_files::{resolve, Device, ModelFiles, DEFAULT_MODEL};
 
 #[derive(Args)]
 pub struct ServeArgs {
+    /// Where to run: cpu, cuda or cuda:N (needs a build with --features cuda).
+    #[arg(long, default_value = "cpu")]
+    device: Device,
     /// Model: a .gguf file, a Hugging Face folder or an alias. An encoder
     /// (BERT, e.g. `minilm`) serves /v1/embeddings; a decoder serves chat
     /// and completions.
@@ -69,7 +72,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             let files = ModelFiles::open(&path)?;
             Ok(LoadedModel::Llm {
                 tokenizer: files.tokenizer()?,
-                model: files.load_llm()?,
+                model: files.load_llm(args.device)?,
             })
         };
         load().map_err(|e| format!("{e:#}"))

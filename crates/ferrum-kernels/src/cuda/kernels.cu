@@ -264,9 +264,58 @@ __device__ __forceinline__ float deq_q3_k(const u8* b, int i) {
     return f16_at(b, 108) * s * (q - sub);
 }
 
+// Eight consecutive values starting at i (a multiple of 8) of one block:
+// the scales are decoded once per eight values. Types without a
+// hand-written version go through deq_<type> one value at a time.
+#define DEQ8_GENERIC(T) \
+__device__ __forceinline__ void deq8_##T(const u8* b, int i, float* o) { \
+    for (int e = 0; e < 8; e++) o[e] = deq_##T(b, i + e); \
+}
+DEQ8_GENERIC(q4_1)
+DEQ8_GENERIC(q5_0)
+DEQ8_GENERIC(q5_1)
+DEQ8_GENERIC(q2_k)
+DEQ8_GENERIC(q3_k)
+DEQ8_GENERIC(q5_k)
+
+__device__ __forceinline__ void deq8_q4_0(const u8* b, int i, float* o) {
+    float d = f16_at(b, 0);
+    const u8* q = b + 2 + (i & 15);
+    int shift = i < 16 ? 0 : 4;
+    for (int e = 0; e < 8; e++) o[e] = (((q[e] >> shift) & 15) - 8) * d;
+}
+__device__ __forceinline__ void deq8_q8_0(const u8* b, int i, float* o) {
+    float d = f16_at(b, 0);
+    for (int e = 0; e < 8; e++) o[e] = (signed char)b[2 + i + e] * d;
+}
+__device__ __forceinline__ void deq8_q4_k(const u8* b, int i, float* o) {
+    int c = i >> 6, r = i & 63, hi = r >= 32, l0 = r & 31, s, m;
+    scale_min_k4(2 * c + hi, b + 4, &s, &m);
+    float ds = f16_at(b, 0) * s, dm = f16_at(b, 2) * m;
+    // Blocks are 144 bytes from a 256-byte aligned base: this is 8-aligned.
+    uint2 w = *(const uint2*)(b + 16 + c * 32 + l0);
+    int shift = hi ? 4 : 0;
+    for (int e = 0; e < 4; e++) {
+        o[e] = ds * ((w.x >> (8 * e + shift)) & 15) - dm;
+        o[e + 4] = ds * ((w.y >> (8 * e + shift)) & 15) - dm;
+    }
+}
+__device__ __forceinline__ void deq8_q6_k(const u8* b, int i, float* o) {
+    int half = i >> 7, r = i & 127, seg = r >> 5, l0 = r & 31;
+    const u8* ql = b + half * 64 + ((seg & 1) ? 32 : 0) + l0;
+    const u8* qh = b + 128 + half * 32 + l0;
+    float ds = f16_at(b, 208) * (signed char)b[192 + half * 8 + (l0 >> 4) + 2 * seg];
+    int lshift = (seg & 2) ? 4 : 0, hshift = 2 * seg;
+    for (int e = 0; e < 8; e++) {
+        int q = ((ql[e] >> lshift) & 15) | (((qh[e] >> hshift) & 3) << 4);
+        o[e] = ds * (q - 32);
+    }
+}
+
 // Per type: dequantize a whole [n, k] weight (for cuBLAS at m > 8), and a
 // GEMV-style kernel for m <= 8 rows that reads the blocks once: one warp per
-// output column, lanes striding over k.
+// output column, each lane taking groups of eight values in turn so a warp
+// reads 256 consecutive values' bytes per step.
 #define QUANT_KERNELS(T, QK, BB)                                                              \
 extern "C" __global__ void dequant_##T(const u8* w, float* out, int n, int k) {              \
     size_t rb = (size_t)(k / QK) * BB;                                                        \
@@ -280,9 +329,16 @@ extern "C" __global__ void gemv_##T(const u8* w, const float* x, float* out, int
     if (col >= n) return;                                                                     \
     const u8* row = w + (size_t)col * (k / QK) * BB;                                          \
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                  \
-    for (int i = lane; i < k; i += 32) {                                                      \
-        float wv = deq_##T(row + (size_t)(i / QK) * BB, i % QK);                              \
-        for (int r = 0; r < 8; r++) if (r < m) acc[r] += wv * x[(size_t)r * k + i];           \
+    for (int i = lane * 8; i < k; i += 256) {                                                 \
+        float wv[8];                                                                          \
+        deq8_##T(row + (size_t)(i / QK) * BB, i % QK, wv);                                    \
+        for (int r = 0; r < 8; r++) {                                                         \
+            if (r >= m) break;                                                                \
+            const float4* xv = (const float4*)(x + (size_t)r * k + i);                        \
+            float4 a = xv[0], c = xv[1];                                                      \
+            acc[r] += wv[0] * a.x + wv[1] * a.y + wv[2] * a.z + wv[3] * a.w                   \
+                    + wv[4] * c.x + wv[5] * c.y + wv[6] * c.z + wv[7] * c.w;                  \
+        }                                                                                     \
     }                                                                                         \
     for (int r = 0; r < 8; r++) {                                                             \
         if (r >= m) break;                                                                    \
@@ -290,7 +346,6 @@ extern "C" __global__ void gemv_##T(const u8* w, const float* x, float* out, int
         if (lane == 0) out[(size_t)r * n + col] = s;                                          \
     }                                                                                         \
 }
-
 QUANT_KERNELS(q4_0, 32, 18)
 QUANT_KERNELS(q4_1, 32, 20)
 QUANT_KERNELS(q5_0, 32, 22)

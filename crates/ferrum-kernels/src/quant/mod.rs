@@ -77,3 +77,41 @@ pub fn can_dequantize(ty: GgmlType) -> bool {
             | T::Q8_K
     )
 }
+
+/// `n_blocks` GGUF blocks of `ty` with random quants and small positive f16
+/// scales (so dequantized values are O(0.1–1), like trained weights): test
+/// data for kernels, and the weights of `ferrum bench --random-weights`.
+/// `None` for types without a known scale layout.
+pub fn random_blocks(ty: GgmlType, n_blocks: usize, seed: u64) -> Option<Vec<u8>> {
+    // Byte offsets of each block's f16 scale fields (d, and dmin / m).
+    let scales: &[usize] = match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q6_K => &[208],
+        _ => return None,
+    };
+    let bb = ty.block_bytes();
+    // xorshift64*: fast, and plenty for test data.
+    let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    let mut next = move || {
+        s ^= s >> 12;
+        s ^= s << 25;
+        s ^= s >> 27;
+        s.wrapping_mul(0x2545F4914F6CDD1D)
+    };
+    let mut bytes = vec![0u8; n_blocks * bb];
+    for chunk in bytes.chunks_mut(8) {
+        let r = next().to_le_bytes();
+        chunk.copy_from_slice(&r[..chunk.len()]);
+    }
+    for blk in bytes.chunks_mut(bb) {
+        for &o in scales {
+            let u = (next() >> 40) as f32 / (1u64 << 24) as f32;
+            let d = f16::from_f32(0.001 + 0.049 * u).to_le_bytes();
+            blk[o..o + 2].copy_from_slice(&d);
+        }
+    }
+    Some(bytes)
+}

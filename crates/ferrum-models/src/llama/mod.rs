@@ -7,6 +7,7 @@
 //! runs per segment against that sequence's own KV cache.
 
 mod config;
+mod presets;
 mod weights;
 
 use std::collections::HashMap;
@@ -19,6 +20,7 @@ use ferrum_kernels::{AttnConfig, Backend, KvCache};
 use ferrum_types::{DecodeBackend, FerrumError, Result, TensorRef};
 
 pub use config::{Activation, Arch, LlamaConfig};
+pub use presets::{preset, PRESETS};
 use weights::{Embedding, Source, Weights};
 
 use crate::llm::{kv_capacity_from_env, DecoderOnlyLLM, LlmRuntimeConfig};
@@ -159,6 +161,13 @@ impl<B: Backend> LlamaModel<B> {
         let st = SafeTensors::open_dir(dir)?;
         let w = Weights::load(&Source::Hf(&st), &cfg)
             .map_err(|e| FerrumError::bad_file(dir, e.to_string()))?;
+        Ok(Self::new(cfg, w))
+    }
+
+    /// A model of `cfg`'s shapes with random weights in `ty` blocks (see
+    /// [`preset`]), for benchmarks.
+    pub fn random(cfg: LlamaConfig, ty: ferrum_kernels::GgufQuantType, seed: u64) -> Result<Self> {
+        let w = Weights::random(&cfg, ty, seed)?;
         Ok(Self::new(cfg, w))
     }
 

@@ -8,7 +8,7 @@
 
 use ferrum_formats::gguf::GgufFile;
 use ferrum_formats::safetensors::SafeTensors;
-use ferrum_kernels::quant::dequantize;
+use ferrum_kernels::quant::{dequantize, random_blocks};
 use ferrum_kernels::{pack_bytes, Backend, GgufQuantType, QuantKind, QuantWeights};
 use ferrum_types::{FerrumError, Result};
 
@@ -476,6 +476,66 @@ impl<B: Backend> Weights<B> {
             embed,
             layers,
             final_norm: norm(norm_name, h)?,
+            lm_head,
+        })
+    }
+}
+
+impl<B: Backend> Weights<B> {
+    /// Random weights of `cfg`'s shapes, every projection (and the
+    /// embedding and output) in `ty` blocks, norms 1 and biases 0: for
+    /// measuring speed where the checkpoint is not at hand.
+    pub fn random(cfg: &LlamaConfig, ty: GgufQuantType, seed: u64) -> Result<Self> {
+        let g = ty.ggml();
+        let bs = g.block_size();
+        let (h, im) = (cfg.hidden, cfg.intermediate);
+        let (qd, kvd) = (cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim);
+        if h % bs != 0 || im % bs != 0 {
+            return Err(FerrumError::invalid(format!(
+                "hidden {h} and intermediate {im} must be multiples of the {bs}-value blocks of {g:?}"
+            )));
+        }
+        let mut salt = seed;
+        let mut blocks = |rows: usize, k: usize| -> Result<Vec<u8>> {
+            salt = salt.wrapping_add(1);
+            random_blocks(g, rows * k / bs, salt)
+                .ok_or_else(|| FerrumError::unsupported(format!("random weights in {g:?}")))
+        };
+        let mut linear = |rows: usize, k: usize| -> Result<Linear<B>> {
+            Ok(Linear::upload(Raw::Blocks {
+                bytes: blocks(rows, k)?,
+                ty,
+            }))
+        };
+        let ones = |n: usize| B::from_slice(&vec![1.0; n]);
+        let mut layers = Vec::with_capacity(cfg.layers);
+        for _ in 0..cfg.layers {
+            layers.push(LayerWeights {
+                attn_norm: ones(h),
+                qkv: linear(qd + 2 * kvd, h)?,
+                qkv_bias: cfg.qkv_bias.then(|| B::alloc(qd + 2 * kvd)),
+                o: linear(h, qd)?,
+                q_norm: cfg.qk_norm.then(|| ones(cfg.head_dim)),
+                k_norm: cfg.qk_norm.then(|| ones(cfg.head_dim)),
+                post_attn_norm: cfg.sandwich_norms.then(|| ones(h)),
+                ffn_norm: ones(h),
+                post_ffn_norm: cfg.sandwich_norms.then(|| ones(h)),
+                gate_up: linear(2 * im, h)?,
+                down: linear(h, im)?,
+            });
+        }
+        let lm_head = Some(linear(cfg.vocab, h)?);
+        let bytes = random_blocks(g, cfg.vocab * h / bs, seed ^ 0xE3B)
+            .ok_or_else(|| FerrumError::unsupported(format!("random weights in {g:?}")))?;
+        Ok(Self {
+            embed: Embedding::Blocks {
+                row_bytes: bytes.len() / cfg.vocab,
+                bytes,
+                ty,
+                scale: cfg.embed_scale,
+            },
+            layers,
+            final_norm: ones(h),
             lm_head,
         })
     }
