@@ -145,6 +145,11 @@ fn attention_matches_cpu() {
         (1, 8, 8, 128, 9, 40, 64, 31, true, 8),
         (3, 4, 4, 16, 12, 12, 0, 0, false, 0),
         (1, 2, 1, 256, 5, 5, 0, 0, true, 0),
+        // Decode over long caches: split-K (flash-decoding) paths, one with
+        // a window smaller than the number of splits (empty splits).
+        (1, 32, 8, 128, 1, 3000, 4096, 2999, true, 0),
+        (2, 14, 2, 64, 1, 2000, 2048, 1999, true, 1000),
+        (1, 4, 1, 64, 1, 2000, 2000, 1999, true, 5),
     ] {
         let s = if stride == 0 { kvl } else { stride };
         let q = rand_vec(&mut rng, b * nh * ql * hd);

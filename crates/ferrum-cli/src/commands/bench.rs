@@ -39,6 +39,9 @@ pub struct BenchArgs {
     /// Generated tokens for the tg test (0 skips it).
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     n_gen: usize,
+    /// Tokens already in the context when tg starts (llama-bench's -d).
+    #[arg(short = 'd', long, default_value_t = 0)]
+    depth: usize,
     /// CPU threads (default: one per core).
     #[arg(short = 't', long)]
     threads: Option<usize>,
@@ -88,14 +91,15 @@ fn pp(model: &mut dyn DecoderOnlyLLM, prompt: &[u32]) -> f64 {
     prompt.len() as f64 / t.elapsed().as_secs_f64()
 }
 
-fn tg(model: &mut dyn DecoderOnlyLLM, n: usize, vocab: usize) -> f64 {
+fn tg(model: &mut dyn DecoderOnlyLLM, n: usize, depth: usize, vocab: usize) -> f64 {
     model.reset();
-    model.prepare("bench", n + 1);
-    let toks = random_tokens(n + 1, vocab, 7);
-    model.prefill("bench", &toks[..1]);
+    let ctx = depth.max(1);
+    model.prepare("bench", ctx + n);
+    let toks = random_tokens(ctx + n, vocab, 7);
+    model.prefill("bench", &toks[..ctx]);
     let t = Instant::now();
-    for (i, &tok) in toks[1..].iter().enumerate() {
-        model.decode("bench", tok, (i + 1) as u32);
+    for (i, &tok) in toks[ctx..].iter().enumerate() {
+        model.decode("bench", tok, (ctx + i) as u32);
     }
     n as f64 / t.elapsed().as_secs_f64()
 }
@@ -177,7 +181,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
     let vocab = model.config().vocab_size;
     let capacity = model.kv_capacity();
-    let longest = args.n_prompt.max(args.n_gen + 1);
+    let longest = args.n_prompt.max(args.depth.max(1) + args.n_gen);
     if longest > capacity {
         bail!("a test needs {longest} positions but the KV capacity is {capacity} (set FERRUM_KV_CAPACITY)");
     }
@@ -199,8 +203,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
         json.insert("pp_std".into(), r.1.into());
     }
     if args.n_gen > 0 {
-        let r = measure(args.repetitions, || tg(model.as_mut(), args.n_gen, vocab));
-        row(format!("tg{}", args.n_gen), r);
+        let r = measure(args.repetitions, || {
+            tg(model.as_mut(), args.n_gen, args.depth, vocab)
+        });
+        let at = if args.depth > 0 {
+            format!(" @ d{}", args.depth)
+        } else {
+            String::new()
+        };
+        row(format!("tg{}{at}", args.n_gen), r);
         json.insert("tg_tok_s".into(), r.0.into());
         json.insert("tg_std".into(), r.1.into());
     }

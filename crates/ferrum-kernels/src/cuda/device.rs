@@ -24,6 +24,8 @@ pub(crate) struct Device {
     /// Dequantized weights for `gemm_quant` at m > 8, reused across calls
     /// (stream order makes reuse safe).
     pub scratch: Mutex<Option<CudaSlice<f32>>>,
+    /// Split-K attention partials.
+    pub attn_scratch: Mutex<Option<CudaSlice<f32>>>,
     pub name: String,
     pub arch: (i32, i32),
 }
@@ -89,6 +91,7 @@ const KERNELS: &[&str] = &[
     "kv_append",
     "qk_norm_rope",
     "attention",
+    "attention_combine",
 ];
 pub(crate) const QUANT_TYPES: &[&str] = &[
     "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
@@ -145,6 +148,7 @@ fn open(ordinal: usize) -> Result<Device> {
         blas,
         funcs,
         scratch: Mutex::new(None),
+        attn_scratch: Mutex::new(None),
         name,
         arch,
     })

@@ -167,9 +167,13 @@ extern "C" __global__ void qk_norm_rope(const float* in, const float* nw, const 
     }
 }
 
-// ── Attention: one warp per (batch, head, query), online softmax ───────────
+// ── Attention: one warp per (batch, head, query, key split) ─────────────
 // q [b, nh, ql, hd]; k, v [b, nkv, stride, hd]; out like q. hd <= 256.
-extern "C" __global__ void attention(const float* q, const float* k, const float* v, float* out,
+// With splits == 1 the warp writes the normalised output; otherwise each of
+// gridDim.y splits takes a contiguous share of the visible keys and writes
+// (max, sum, unnormalised acc[hd]) to `part` for attention_combine
+// (flash-decoding: a decode step has too few queries to fill the GPU).
+extern "C" __global__ void attention(const float* q, const float* k, const float* v, float* out, float* part,
                                      int nh, int nkv, int ql, int kvl, int stride, int hd, int pos_offset,
                                      int causal, float scale, int window, int batch) {
     int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
@@ -185,21 +189,53 @@ extern "C" __global__ void attention(const float* q, const float* k, const float
     int p = pos_offset + i;
     int hi = causal ? min(kvl, p + 1) : kvl;
     int lo = (window > 0 && p + 1 > window) ? p + 1 - window : 0;
+    int splits = gridDim.y, sp = blockIdx.y;
+    int chunk = (hi - lo + splits - 1) / splits;
+    int s_lo = lo + sp * chunk, s_hi = min(hi, s_lo + chunk);
     float m = __int_as_float(0xff800000), l = 0.f;  // -inf
-    for (int j = lo; j < hi; j++) {
+    for (int j = s_lo; j < s_hi; j++) {
         const float* kr = kb + (size_t)j * hd;
         float s = 0.f;
         for (int t = 0; t < per; t++) { int d = lane + 32 * t; if (d < hd) s += qv[t] * kr[d]; }
         s = warp_sum(s);
-        float mn = fmaxf(m, s), corr = expf(m - mn), pj = expf(s - mn);
+        float mn = fmaxf(m, s), corr = __expf(m - mn), pj = __expf(s - mn);
         l = l * corr + pj;
         const float* vr = vb + (size_t)j * hd;
         for (int t = 0; t < per; t++) { int d = lane + 32 * t; acc[t] = acc[t] * corr + (d < hd ? pj * vr[d] : 0.f); }
         m = mn;
     }
-    float* o = out + (((size_t)b * nh + h) * ql + i) * hd;
-    float inv = l > 0.f ? 1.f / l : 0.f;
-    for (int t = 0; t < per; t++) { int d = lane + 32 * t; if (d < hd) o[d] = acc[t] * inv; }
+    if (splits == 1) {
+        float* o = out + (((size_t)b * nh + h) * ql + i) * hd;
+        float inv = l > 0.f ? 1.f / l : 0.f;
+        for (int t = 0; t < per; t++) { int d = lane + 32 * t; if (d < hd) o[d] = acc[t] * inv; }
+        return;
+    }
+    float* pr = part + ((size_t)warp * splits + sp) * (hd + 2);
+    if (lane == 0) { pr[0] = m; pr[1] = l; }
+    for (int t = 0; t < per; t++) { int d = lane + 32 * t; if (d < hd) pr[2 + d] = acc[t]; }
+}
+
+// Merges the splits of each query: one warp per (batch, head, query).
+extern "C" __global__ void attention_combine(const float* part, float* out, int nwarps, int splits, int hd) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    if (warp >= nwarps) return;
+    const float* pr = part + (size_t)warp * splits * (hd + 2);
+    float mx = __int_as_float(0xff800000);
+    for (int s = 0; s < splits; s++) mx = fmaxf(mx, pr[s * (hd + 2)]);
+    float L = 0.f;
+    for (int s = 0; s < splits; s++) {
+        float ms = pr[s * (hd + 2)];
+        if (ms > __int_as_float(0xff800000)) L += pr[s * (hd + 2) + 1] * __expf(ms - mx);
+    }
+    float inv = L > 0.f ? 1.f / L : 0.f;
+    for (int d = lane; d < hd; d += 32) {
+        float a = 0.f;
+        for (int s = 0; s < splits; s++) {
+            float ms = pr[s * (hd + 2)];
+            if (ms > __int_as_float(0xff800000)) a += pr[s * (hd + 2) + 2 + d] * __expf(ms - mx);
+        }
+        out[(size_t)warp * hd + d] = a * inv;
+    }
 }
 
 // ── GGUF blocks: element i of one block ─────────────────────────────────

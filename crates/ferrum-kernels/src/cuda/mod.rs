@@ -6,7 +6,8 @@
 //! CUDA; [`CudaBackend::init`] reports a missing driver or GPU as an error.
 //!
 //! Status: every required op is implemented and checked against the CPU
-//! backend; attention is one warp per query (no split-K yet), GEMM runs in
+//! backend. Attention is one warp per query, split over the keys for decode
+//! (flash-decoding); prefill attention is not tiled yet, dense GEMM runs in
 //! f32 (no bf16 weights yet) and graph capture keeps the trait's defaults.
 
 mod device;
@@ -242,10 +243,34 @@ impl Backend for CudaBackend {
             cfg.kv_seq_stride
         };
         let warps = batch * cfg.num_heads * q_len;
+        // Split the keys when there are too few queries to fill the GPU
+        // (decode) and enough keys to share out: ~256 keys per split.
+        let splits = if warps < 1024 && kv_len > 512 {
+            kv_len.div_ceil(256).min(64)
+        } else {
+            1
+        };
         let lc = LaunchConfig {
-            grid_dim: (warps.div_ceil(4) as u32, 1, 1),
+            grid_dim: (warps.div_ceil(4) as u32, splits as u32, 1),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
+        };
+        let hd = cfg.head_dim;
+        let dev = device::get();
+        let mut guard = match dev.attn_scratch.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let need = if splits > 1 {
+            warps * splits * (hd + 2)
+        } else {
+            1
+        };
+        if guard.as_ref().is_none_or(|s| s.len() < need) {
+            *guard = Some(Self::alloc(need));
+        }
+        let Some(part) = guard.as_mut() else {
+            panic!("attention scratch allocation failed");
         };
         launch!(
             ctx,
@@ -254,19 +279,37 @@ impl Backend for CudaBackend {
             q,
             k,
             v,
-            out,
+            &mut *out,
+            &mut *part,
             &i(cfg.num_heads),
             &i(cfg.num_kv_heads),
             &i(q_len),
             &i(kv_len),
             &i(stride),
-            &i(cfg.head_dim),
+            &i(hd),
             &i(pos_offset),
             &i(cfg.causal as usize),
             &cfg.scale,
             &i(cfg.sliding_window),
             &i(batch)
         );
+        if splits > 1 {
+            let lc = LaunchConfig {
+                grid_dim: (warps.div_ceil(4) as u32, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(
+                ctx,
+                "attention_combine",
+                lc,
+                &*part,
+                out,
+                &i(warps),
+                &i(splits),
+                &i(hd)
+            );
+        }
     }
 
     fn copy_slice(
