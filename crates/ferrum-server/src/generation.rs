@@ -170,6 +170,14 @@ async fn collect(
     Ok(out)
 }
 
+fn completion_tokens(choices: &[Choice]) -> usize {
+    choices
+        .iter()
+        .filter_map(|c| c.done.as_ref())
+        .map(|d| d.tokens)
+        .sum()
+}
+
 fn finish_str(d: &Option<ChoiceDone>) -> &'static str {
     match d.as_ref().map(|d| d.finish) {
         Some(FinishReason::Stop) => "stop",
@@ -290,11 +298,7 @@ pub async fn chat(
         }));
     }
     let choices = collect(vec![rx], p.n).await?;
-    let completion: usize = choices
-        .iter()
-        .filter_map(|c| c.done.as_ref())
-        .map(|d| d.tokens)
-        .sum();
+    let completion = completion_tokens(&choices);
     let choices: Vec<Value> = choices
         .iter()
         .enumerate()
@@ -401,11 +405,7 @@ pub async fn completions(
     }
     let n = p.n;
     let choices = collect(rxs, n).await?;
-    let completion: usize = choices
-        .iter()
-        .filter_map(|c| c.done.as_ref())
-        .map(|d| d.tokens)
-        .sum();
+    let completion = completion_tokens(&choices);
     let choices: Vec<Value> = choices
         .iter()
         .enumerate()

@@ -149,6 +149,21 @@ fn sgemm(
     );
 }
 
+type ScratchSlot = std::sync::Mutex<Option<CudaSlice<f32>>>;
+
+/// Locks a scratch slot holding at least `len` floats (grown on demand).
+/// Launches on the one stream run in order, so reuse across calls is safe.
+fn scratch(slot: &ScratchSlot, len: usize) -> std::sync::MutexGuard<'_, Option<CudaSlice<f32>>> {
+    let mut guard = match slot.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    };
+    if guard.as_ref().is_none_or(|s| s.len() < len) {
+        *guard = Some(CudaBackend::alloc(len));
+    }
+    guard
+}
+
 impl Backend for CudaBackend {
     type Buffer = CudaSlice<f32>;
     type Context = CudaContext;
@@ -256,19 +271,12 @@ impl Backend for CudaBackend {
             shared_mem_bytes: 0,
         };
         let hd = cfg.head_dim;
-        let dev = device::get();
-        let mut guard = match dev.attn_scratch.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
         let need = if splits > 1 {
             warps * splits * (hd + 2)
         } else {
             1
         };
-        if guard.as_ref().is_none_or(|s| s.len() < need) {
-            *guard = Some(Self::alloc(need));
-        }
+        let mut guard = scratch(&device::get().attn_scratch, need);
         let Some(part) = guard.as_mut() else {
             panic!("attention scratch allocation failed");
         };
@@ -612,14 +620,7 @@ impl Backend for CudaBackend {
             );
             return Ok(());
         }
-        let dev = device::get();
-        let mut guard = match dev.scratch.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        if guard.as_ref().is_none_or(|s| s.len() < n * k) {
-            *guard = Some(Self::alloc(n * k));
-        }
+        let mut guard = scratch(&device::get().scratch, n * k);
         let Some(scratch) = guard.as_mut() else {
             return Err(FerrumError::Device("scratch allocation failed".into()));
         };
