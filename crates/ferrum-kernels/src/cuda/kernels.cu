@@ -167,50 +167,95 @@ extern "C" __global__ void qk_norm_rope(const float* in, const float* nw, const 
     }
 }
 
-// ── Attention: one warp per (batch, head, query, key split) ─────────────
+// ── Attention ───────────────────────────────────────────────────────────
 // q [b, nh, ql, hd]; k, v [b, nkv, stride, hd]; out like q. hd <= 256.
+// A block of 4 warps serves 4 (query, head) pairs that read the same KV head
+// (the heads of a GQA group, then consecutive queries), so each tile of
+// `tile` keys is loaded into shared memory once for all four. Each warp keeps
+// an online softmax over the keys it may see (causal bound, sliding window).
+// `tile` 0 skips shared memory (prefill, where occupancy matters more).
 // With splits == 1 the warp writes the normalised output; otherwise each of
-// gridDim.y splits takes a contiguous share of the visible keys and writes
+// gridDim.y splits takes a contiguous share of the block's keys and writes
 // (max, sum, unnormalised acc[hd]) to `part` for attention_combine
 // (flash-decoding: a decode step has too few queries to fill the GPU).
 extern "C" __global__ void attention(const float* q, const float* k, const float* v, float* out, float* part,
                                      int nh, int nkv, int ql, int kvl, int stride, int hd, int pos_offset,
-                                     int causal, float scale, int window, int batch) {
-    int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
-    int i = warp % ql, h = (warp / ql) % nh, b = warp / (ql * nh);
-    if (b >= batch) return;
-    int kh = h / (nh / nkv);
-    const float* qr = q + (((size_t)b * nh + h) * ql + i) * hd;
+                                     int causal, float scale, int window, int tile) {
+    extern __shared__ float smem[];
+    float* ks = smem;
+    float* vs = smem + tile * hd;
+    int group = nh / nkv, pairs = ql * group;
+    int per_bk = (pairs + 3) / 4;
+    int bk = blockIdx.x / per_bk, t4 = blockIdx.x % per_bk;
+    int b = bk / nkv, kh = bk % nkv;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int idx = t4 * 4 + w;
+    bool active = idx < pairs;
+    int i = active ? idx / group : 0, h = kh * group + (active ? idx % group : 0);
     const float* kb = k + ((size_t)b * nkv + kh) * stride * hd;
     const float* vb = v + ((size_t)b * nkv + kh) * stride * hd;
+    const float* qr = q + (((size_t)b * nh + h) * ql + i) * hd;
     float qv[8], acc[8];
     int per = (hd + 31) / 32;
-    for (int j = 0; j < per; j++) { int d = lane + 32 * j; qv[j] = d < hd ? qr[d] * scale : 0.f; acc[j] = 0.f; }
-    int p = pos_offset + i;
-    int hi = causal ? min(kvl, p + 1) : kvl;
-    int lo = (window > 0 && p + 1 > window) ? p + 1 - window : 0;
+    for (int j = 0; j < per; j++) { int d = lane + 32 * j; qv[j] = (active && d < hd) ? qr[d] * scale : 0.f; acc[j] = 0.f; }
+    // Visible keys [lo, hi) of query row r; monotone in r.
+    #define KEY_HI(r) (causal ? min(kvl, pos_offset + (r) + 1) : kvl)
+    #define KEY_LO(r) ((window > 0 && pos_offset + (r) + 1 > window) ? pos_offset + (r) + 1 - window : 0)
+    int hi = KEY_HI(i), lo = KEY_LO(i);
+    int first = (t4 * 4) / group, last = (min(t4 * 4 + 3, pairs - 1)) / group;
+    int b_lo = KEY_LO(first), b_hi = KEY_HI(last);
     int splits = gridDim.y, sp = blockIdx.y;
-    int chunk = (hi - lo + splits - 1) / splits;
-    int s_lo = lo + sp * chunk, s_hi = min(hi, s_lo + chunk);
+    int chunk = (b_hi - b_lo + splits - 1) / splits;
+    int s_lo = b_lo + sp * chunk, s_hi = min(b_hi, s_lo + chunk);
     float m = __int_as_float(0xff800000), l = 0.f;  // -inf
-    for (int j = s_lo; j < s_hi; j++) {
-        const float* kr = kb + (size_t)j * hd;
-        float s = 0.f;
-        for (int t = 0; t < per; t++) { int d = lane + 32 * t; if (d < hd) s += qv[t] * kr[d]; }
-        s = warp_sum(s);
-        float mn = fmaxf(m, s), corr = __expf(m - mn), pj = __expf(s - mn);
-        l = l * corr + pj;
-        const float* vr = vb + (size_t)j * hd;
-        for (int t = 0; t < per; t++) { int d = lane + 32 * t; acc[t] = acc[t] * corr + (d < hd ? pj * vr[d] : 0.f); }
-        m = mn;
+    if (tile == 0 && active) {
+        // Many queries (prefill): plenty of warps to hide latency, so read
+        // K/V straight from global memory (L2) at full occupancy.
+        for (int j = max(lo, s_lo); j < min(hi, s_hi); j++) {
+            const float* kr = kb + (size_t)j * hd;
+            float s = 0.f;
+            for (int t = 0; t < per; t++) { int d = lane + 32 * t; if (d < hd) s += qv[t] * kr[d]; }
+            s = warp_sum(s);
+            float mn = fmaxf(m, s), corr = __expf(m - mn), pj = __expf(s - mn);
+            l = l * corr + pj;
+            const float* vr = vb + (size_t)j * hd;
+            for (int t = 0; t < per; t++) { int d = lane + 32 * t; acc[t] = acc[t] * corr + (d < hd ? pj * vr[d] : 0.f); }
+            m = mn;
+        }
     }
+    for (int t0 = s_lo; tile > 0 && t0 < s_hi; t0 += tile) {
+        int n = min(tile, s_hi - t0);
+        __syncthreads();
+        for (int e = threadIdx.x; e < n * hd; e += blockDim.x) {
+            ks[e] = kb[(size_t)t0 * hd + e];
+            vs[e] = vb[(size_t)t0 * hd + e];
+        }
+        __syncthreads();
+        if (!active) continue;
+        int j0 = max(lo - t0, 0), j1 = min(hi - t0, n);
+        for (int j = j0; j < j1; j++) {
+            const float* kr = ks + j * hd;
+            float s = 0.f;
+            for (int t = 0; t < per; t++) { int d = lane + 32 * t; if (d < hd) s += qv[t] * kr[d]; }
+            s = warp_sum(s);
+            float mn = fmaxf(m, s), corr = __expf(m - mn), pj = __expf(s - mn);
+            l = l * corr + pj;
+            const float* vr = vs + j * hd;
+            for (int t = 0; t < per; t++) { int d = lane + 32 * t; acc[t] = acc[t] * corr + (d < hd ? pj * vr[d] : 0.f); }
+            m = mn;
+        }
+    }
+    #undef KEY_HI
+    #undef KEY_LO
+    if (!active) return;
+    size_t row = ((size_t)b * nh + h) * ql + i;
     if (splits == 1) {
-        float* o = out + (((size_t)b * nh + h) * ql + i) * hd;
+        float* o = out + row * hd;
         float inv = l > 0.f ? 1.f / l : 0.f;
         for (int t = 0; t < per; t++) { int d = lane + 32 * t; if (d < hd) o[d] = acc[t] * inv; }
         return;
     }
-    float* pr = part + ((size_t)warp * splits + sp) * (hd + 2);
+    float* pr = part + (row * splits + sp) * (hd + 2);
     if (lane == 0) { pr[0] = m; pr[1] = l; }
     for (int t = 0; t < per; t++) { int d = lane + 32 * t; if (d < hd) pr[2 + d] = acc[t]; }
 }

@@ -265,12 +265,22 @@ impl Backend for CudaBackend {
         } else {
             1
         };
-        let lc = LaunchConfig {
-            grid_dim: (warps.div_ceil(4) as u32, splits as u32, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
         let hd = cfg.head_dim;
+        // Keys per shared-memory tile (K and V tiles fit in 32 KiB) for
+        // decode, where the block's warps are the heads of one GQA group;
+        // prefill reads K/V from L2 at full occupancy instead.
+        let tile = match (q_len, hd) {
+            (1, 0..=128) => 32,
+            (1, _) => 16,
+            _ => 0,
+        };
+        let group = cfg.num_heads / cfg.num_kv_heads;
+        let blocks = batch * cfg.num_kv_heads * (q_len * group).div_ceil(4);
+        let lc = LaunchConfig {
+            grid_dim: (blocks as u32, splits as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: (2 * tile * hd * 4) as u32,
+        };
         let need = if splits > 1 {
             warps * splits * (hd + 2)
         } else {
@@ -299,7 +309,7 @@ impl Backend for CudaBackend {
             &i(cfg.causal as usize),
             &cfg.scale,
             &i(cfg.sliding_window),
-            &i(batch)
+            &i(tile)
         );
         if splits > 1 {
             let lc = LaunchConfig {
