@@ -30,7 +30,16 @@ fn help_lists_the_commands() {
     let out = ferrum(&["--help"]);
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    for cmd in ["inspect", "tokenize", "system-info"] {
+    for cmd in [
+        "inspect",
+        "tokenize",
+        "system-info",
+        "run",
+        "serve",
+        "embed",
+        "bench",
+        "perplexity",
+    ] {
         assert!(text.contains(cmd), "{text}");
     }
 }
@@ -238,4 +247,96 @@ fn perplexity_json_is_the_last_line() {
     // A repeated sentence is nearly certain after the first copy.
     let ppl = v["ppl"].as_f64().unwrap();
     assert!(ppl > 1.0 && ppl < 1.5, "{ppl}");
+}
+
+#[test]
+fn bench_json_reports_positive_rates() {
+    let Some(m) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let out = ferrum(&[
+        "bench", "-m", &m, "-p", "16", "-n", "4", "-r", "2", "--batch", "2", "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    for key in ["pp_tok_s", "tg_tok_s", "batch_tok_s"] {
+        assert!(v[key].as_f64().unwrap() > 0.0, "{key}: {v}");
+    }
+    for key in ["pp_std", "tg_std", "batch_std"] {
+        assert!(v[key].as_f64().unwrap() >= 0.0, "{key}: {v}");
+    }
+    assert!(
+        stdout.contains("| pp16 |") && stdout.contains("| tg4 |"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn bench_rejects_bad_presets_and_devices() {
+    for args in [
+        &["bench", "--random-weights", "gpt-17"][..],
+        &[
+            "bench",
+            "--random-weights",
+            "qwen2.5-0.5b",
+            "--random-type",
+            "q4_k",
+        ][..],
+        &["bench", "--device", "tpu"][..],
+        &["bench", "-r", "0"][..],
+    ] {
+        let out = ferrum(args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn embed_prints_one_unit_vector_per_input() {
+    let Some(m) = model("all-MiniLM-L6-v2") else {
+        return;
+    };
+    let out = ferrum(&[
+        "embed",
+        "--model",
+        &m,
+        "--json",
+        "first text",
+        "second text",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!(l["index"], i);
+        let v: Vec<f64> = l["embedding"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert_eq!(v.len(), 384);
+        let norm: f64 = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-5, "{norm}");
+    }
+    // A decoder model is not an embedding model: a clear error, no panic.
+    if let Some(g) = model("SmolLM2-135M-Instruct.Q4_1.gguf") {
+        let out = ferrum(&["embed", "--model", &g, "x"]);
+        assert!(!out.status.success());
+        assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+    }
 }
