@@ -53,7 +53,23 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let result = match Cli::parse().command {
+    let command = Cli::parse().command;
+    // Commands drive the model from a CPU pool worker (see `on_pool`).
+    let result = ferrum_kernels::cpu::on_pool(None, || dispatch(command))
+        .map_err(anyhow::Error::from)
+        .and_then(|r| r);
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line naming the problem, no backtrace.
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Run(a) => commands::run::run(a),
         Command::Bench(a) => commands::bench::run(a),
@@ -65,14 +81,6 @@ fn main() -> ExitCode {
         Command::SystemInfo => {
             system_info();
             Ok(())
-        }
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            // One line naming the problem, no backtrace.
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
         }
     }
 }

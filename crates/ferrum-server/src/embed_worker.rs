@@ -22,38 +22,43 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("ferrum-embed".into())
         .spawn(move || {
-            while let Some(first) = rx.blocking_recv() {
-                let mut jobs = vec![first];
-                let mut count = jobs[0].inputs.len();
-                while count < MAX_INPUTS {
-                    match rx.try_recv() {
-                        Ok(j) => {
-                            count += j.inputs.len();
-                            jobs.push(j);
+            let serve = move || {
+                while let Some(first) = rx.blocking_recv() {
+                    let mut jobs = vec![first];
+                    let mut count = jobs[0].inputs.len();
+                    while count < MAX_INPUTS {
+                        match rx.try_recv() {
+                            Ok(j) => {
+                                count += j.inputs.len();
+                                jobs.push(j);
+                            }
+                            Err(_) => break,
                         }
-                        Err(_) => break,
+                    }
+                    let all: Vec<Prepared> =
+                        jobs.iter().flat_map(|j| j.inputs.iter().cloned()).collect();
+                    metrics::histogram!("ferrum_embedding_batch_inputs").record(all.len() as f64);
+                    match embedder.embed_prepared(&all) {
+                        Ok(mut vectors) => {
+                            for j in jobs {
+                                let rest = vectors.split_off(j.inputs.len());
+                                let _ = j.reply.send(Ok(vectors));
+                                vectors = rest;
+                            }
+                        }
+                        Err(e) => {
+                            let msg = e.to_string();
+                            for j in jobs {
+                                let _ = j
+                                    .reply
+                                    .send(Err(ferrum_types::FerrumError::Device(msg.clone())));
+                            }
+                        }
                     }
                 }
-                let all: Vec<Prepared> =
-                    jobs.iter().flat_map(|j| j.inputs.iter().cloned()).collect();
-                metrics::histogram!("ferrum_embedding_batch_inputs").record(all.len() as f64);
-                match embedder.embed_prepared(&all) {
-                    Ok(mut vectors) => {
-                        for j in jobs {
-                            let rest = vectors.split_off(j.inputs.len());
-                            let _ = j.reply.send(Ok(vectors));
-                            vectors = rest;
-                        }
-                    }
-                    Err(e) => {
-                        let msg = e.to_string();
-                        for j in jobs {
-                            let _ = j
-                                .reply
-                                .send(Err(ferrum_types::FerrumError::Device(msg.clone())));
-                        }
-                    }
-                }
+            };
+            if let Err(e) = ferrum_kernels::cpu::on_pool(None, serve) {
+                tracing::error!("cannot start the embedding model's CPU threads: {e}");
             }
         })?;
     Ok(tx)

@@ -58,13 +58,20 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("ferrum-model".into())
         .spawn(move || {
-            let mut serial = 0u64;
-            while let Some(job) = rx.blocking_recv() {
-                serial += 1;
-                run_job(model.as_mut(), &tok, &load, &job, serial);
-                load.pending.fetch_sub(1, Ordering::SeqCst);
-                metrics::gauge!("ferrum_requests_pending")
-                    .set(load.pending.load(Ordering::SeqCst) as f64);
+            let serve = move || {
+                let mut serial = 0u64;
+                while let Some(job) = rx.blocking_recv() {
+                    serial += 1;
+                    run_job(model.as_mut(), &tok, &load, &job, serial);
+                    load.pending.fetch_sub(1, Ordering::SeqCst);
+                    metrics::gauge!("ferrum_requests_pending")
+                        .set(load.pending.load(Ordering::SeqCst) as f64);
+                }
+            };
+            // Drive the model from a CPU pool worker (see `on_pool`). Without
+            // a pool the channel closes and requests get 503, not a hang.
+            if let Err(e) = ferrum_kernels::cpu::on_pool(None, serve) {
+                tracing::error!("cannot start the model's CPU threads: {e}");
             }
         })?;
     Ok(tx)

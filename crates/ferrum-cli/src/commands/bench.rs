@@ -153,17 +153,19 @@ fn random_model(preset: &str, ty: &str, device: Device) -> Result<Box<dyn Decode
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    if args.threads == Some(0) {
+        bail!("-t must be at least 1");
+    }
+    // main() already runs on a default pool; -t asks for another size.
+    match args.threads {
+        Some(t) => ferrum_kernels::cpu::on_pool(Some(t), || measure_all(args))?,
+        None => measure_all(args),
+    }
+}
+
+fn measure_all(args: BenchArgs) -> Result<()> {
     if args.repetitions == 0 {
         bail!("-r must be at least 1");
-    }
-    if let Some(t) = args.threads {
-        if t == 0 {
-            bail!("-t must be at least 1");
-        }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(t)
-            .build_global()
-            .map_err(|e| anyhow::anyhow!("cannot set up {t} threads: {e}"))?;
     }
     let (name, mut model) = match &args.random_weights {
         Some(p) => (

@@ -70,9 +70,10 @@ mod x86 {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
     }
 
-    /// Accumulators for up to eight activation rows, four per row so the
-    /// FMAs of one group are independent (one chain would be bound by FMA
-    /// latency, not by memory).
+    /// Accumulators for up to eight activation rows: four per row for one
+    /// or two rows, so the FMAs of one group are independent (one chain
+    /// would be bound by FMA latency, not by memory); one per row from
+    /// three rows on, where the rows' chains interleave.
     struct Acc<const M: usize> {
         acc: [[__m256; 4]; M],
     }
@@ -85,10 +86,20 @@ mod x86 {
             for i in 0..M {
                 let p = a.add(i * k + off);
                 let s = &mut self.acc[i];
-                s[0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(p), s[0]);
-                s[1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(p.add(8)), s[1]);
-                s[2] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(p.add(16)), s[2]);
-                s[3] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(p.add(24)), s[3]);
+                if M <= 2 {
+                    s[0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(p), s[0]);
+                    s[1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(p.add(8)), s[1]);
+                    s[2] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(p.add(16)), s[2]);
+                    s[3] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(p.add(24)), s[3]);
+                } else {
+                    // With three or more rows their chains already overlap;
+                    // one accumulator per row keeps M + 4 values in the 16
+                    // ymm registers (4 per row would spill from M = 3 on).
+                    let mut t = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(p), s[0]);
+                    t = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(p.add(8)), t);
+                    t = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(p.add(16)), t);
+                    s[0] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(p.add(24)), t);
+                }
             }
         }
     }
