@@ -89,4 +89,9 @@ fn system_info() {
     println!("ferrum {}", env!("CARGO_PKG_VERSION"));
     println!("cpu simd: {}", ferrum_kernels::cpu::simd_level());
     println!("threads: {}", ferrum_kernels::cpu::threads());
+    #[cfg(feature = "cuda")]
+    println!(
+        "cuda: {}",
+        ferrum_kernels::CudaBackend::describe().unwrap_or_else(|| "no usable GPU found".into())
+    );
 }

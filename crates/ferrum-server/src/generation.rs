@@ -362,7 +362,12 @@ pub async fn completions(
         ));
     }
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
-    let echoes: Vec<String> = prompts.iter().map(|ids| tok.decode(ids, true)).collect();
+    // Only `echo` needs the prompts' text back.
+    let echoes: Vec<String> = if req.echo {
+        prompts.iter().map(|ids| tok.decode(ids, true)).collect()
+    } else {
+        Vec::new()
+    };
     // OpenAI's default for the legacy endpoint is 16 tokens.
     let rxs = prompts
         .into_iter()

@@ -139,7 +139,7 @@ fn random_model(preset: &str, ty: &str, device: Device) -> Result<Box<dyn Decode
         );
     };
     let Some(qt) = GgmlType::all()
-        .find(|t| format!("{t:?}").eq_ignore_ascii_case(ty))
+        .find(|t| t.to_string().eq_ignore_ascii_case(ty))
         .and_then(GgufQuantType::from_ggml)
     else {
         bail!(
