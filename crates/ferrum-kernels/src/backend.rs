@@ -195,6 +195,31 @@ impl<B: Backend> KvCache<B> {
     }
 }
 
+/// Where one sequence's K/V live in a paged pool. Pools are laid out
+/// `[blocks, kv_heads, block_size, head_dim]`, so a block of one head is a
+/// contiguous run and a whole block (every head) is one range that
+/// copy-on-write can copy with a single `copy_slice`. Position `p` is slot
+/// `p % block_size` of block `block_table[p / block_size]`.
+#[derive(Clone, Copy, Debug)]
+pub struct PagedKv<'a> {
+    pub block_table: &'a [u32],
+    pub block_size: usize,
+}
+
+impl PagedKv<'_> {
+    /// Offset in a pool of position `pos` of KV head `head`.
+    #[inline]
+    pub fn offset(&self, pos: usize, head: usize, nkv: usize, hd: usize) -> usize {
+        let block = self.block_table[pos / self.block_size] as usize;
+        ((block * nkv + head) * self.block_size + pos % self.block_size) * hd
+    }
+
+    /// Floats in one block of a pool (every head).
+    pub fn block_len(&self, nkv: usize, hd: usize) -> usize {
+        nkv * self.block_size * hd
+    }
+}
+
 /// The device abstraction: buffers, an execution context and every op a
 /// model needs.
 ///
@@ -357,6 +382,30 @@ pub trait Backend: Send + Sync + Sized + 'static {
         cfg: &AttnConfig,
     );
 
+    /// [`Backend::flash_attention`] for one sequence whose K/V live in a
+    /// paged pool (see [`PagedKv`]): `q` is `[heads, q_len, head_dim]`, keys
+    /// `0..kv_len` are read through the block table, `cfg.kv_seq_stride` is
+    /// ignored. The default gathers the pages into contiguous buffers and
+    /// calls `flash_attention`: exact on any backend, one extra copy of the
+    /// context per call; backends with a paged kernel override it.
+    #[allow(clippy::too_many_arguments)]
+    fn paged_attention(
+        ctx: &mut Self::Context,
+        q: &Self::Buffer,
+        k_pool: &Self::Buffer,
+        v_pool: &Self::Buffer,
+        pages: &PagedKv,
+        out: &mut Self::Buffer,
+        q_len: usize,
+        kv_len: usize,
+        pos_offset: usize,
+        cfg: &AttnConfig,
+    ) {
+        crate::paged::gather_attention::<Self>(
+            ctx, q, k_pool, v_pool, pages, out, q_len, kv_len, pos_offset, cfg,
+        );
+    }
+
     /// Multi-head latent attention (DeepSeek V2/V3's compressed KV).
     ///
     /// Shapes: `q` `[batch, heads, q_len, head_dim]`, `kv_compressed`
@@ -483,6 +532,36 @@ pub trait Backend: Send + Sync + Sized + 'static {
         nkv: usize,
         hd: usize,
     );
+
+    /// Writes `new_tokens` head-major K/V rows (`[nkv, new_tokens, hd]`) at
+    /// positions `pos..pos + new_tokens` of a paged pool. The caller has
+    /// reserved the blocks. The default copies one run per (head, block).
+    #[allow(clippy::too_many_arguments)]
+    fn paged_kv_append(
+        ctx: &mut Self::Context,
+        k_pool: &mut Self::Buffer,
+        v_pool: &mut Self::Buffer,
+        pages: &PagedKv,
+        pos: usize,
+        new_k_head_major: &Self::Buffer,
+        new_v_head_major: &Self::Buffer,
+        new_tokens: usize,
+        nkv: usize,
+        hd: usize,
+    ) {
+        crate::paged::copy_append::<Self>(
+            ctx,
+            k_pool,
+            v_pool,
+            pages,
+            pos,
+            new_k_head_major,
+            new_v_head_major,
+            new_tokens,
+            nkv,
+            hd,
+        );
+    }
 
     /// `[heads, tokens, dim]` → `[tokens, heads, dim]`, to bring attention
     /// output back to token-major for the output projection.

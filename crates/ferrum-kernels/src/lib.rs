@@ -8,12 +8,14 @@ mod backend;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod paged;
 pub mod quant;
 
 pub use backend::{
-    pack_bytes, packed_bytes, AttnConfig, Backend, GgufQuantType, KvCache, QuantKind, QuantWeights,
-    ReduceOp,
+    pack_bytes, packed_bytes, AttnConfig, Backend, GgufQuantType, KvCache, PagedKv, QuantKind,
+    QuantWeights, ReduceOp,
 };
 pub use cpu::{CpuBackend, CpuBuffer, CpuGptqWeight};
 #[cfg(feature = "cuda")]
 pub use cuda::CudaBackend;
+pub use paged::{copy_append, gather_attention};

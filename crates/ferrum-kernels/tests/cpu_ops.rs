@@ -11,7 +11,10 @@
 
 #![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
 
-use ferrum_kernels::{AttnConfig, Backend, CpuBackend, KvCache, QuantKind, QuantWeights, ReduceOp};
+use ferrum_kernels::{
+    copy_append, gather_attention, AttnConfig, Backend, CpuBackend, KvCache, PagedKv, QuantKind,
+    QuantWeights, ReduceOp,
+};
 use proptest::prelude::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -319,6 +322,126 @@ proptest! {
         seed in 0u64..1000,
     ) {
         check_attention(batch, nkv, group, hd, q_len, past + q_len, past, extra, causal, window, seed);
+    }
+}
+
+/// Paged attention: K/V appended in uneven chunks into a shuffled block
+/// table, then attended over; the CPU kernels and the generic
+/// gather/copy path (what GPU backends run) must agree with the reference.
+#[allow(clippy::too_many_arguments)]
+fn check_paged_attention(
+    nkv: usize,
+    group: usize,
+    hd: usize,
+    bs: usize,
+    kv_len: usize,
+    q_len: usize,
+    window: usize,
+    seed: u64,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let nh = nkv * group;
+    let cfg = AttnConfig {
+        num_heads: nh,
+        num_kv_heads: nkv,
+        head_dim: hd,
+        causal: true,
+        scale: 1.0 / (hd as f32).sqrt(),
+        kv_seq_stride: 0,
+        sliding_window: window,
+    };
+    let k = rand_vec(&mut rng, nkv * kv_len * hd);
+    let v = rand_vec(&mut rng, nkv * kv_len * hd);
+    let q: Vec<f32> = rand_vec(&mut rng, nh * q_len * hd)
+        .iter()
+        .map(|x| x * 3.0)
+        .collect();
+    // More blocks than needed, handed out in a scrambled order.
+    let nblocks = kv_len.div_ceil(bs) + 3;
+    let mut table: Vec<u32> = (0..nblocks as u32).collect();
+    for i in (1..table.len()).rev() {
+        table.swap(i, rng.random_range(0..=i));
+    }
+    let pages = PagedKv {
+        block_table: &table,
+        block_size: bs,
+    };
+    let pool = nblocks * pages.block_len(nkv, hd);
+    let (mut kp, mut vp) = (B::alloc(pool), B::alloc(pool));
+    let (mut kg, mut vg) = (B::alloc(pool), B::alloc(pool));
+    let mut pos = 0;
+    while pos < kv_len {
+        let n = rng.random_range(1..=2 * bs).min(kv_len - pos);
+        // Head-major chunk of positions pos..pos + n.
+        let chunk = |x: &[f32]| -> Vec<f32> {
+            (0..nkv)
+                .flat_map(|h| x[(h * kv_len + pos) * hd..(h * kv_len + pos + n) * hd].to_vec())
+                .collect()
+        };
+        let (kc, vc) = (buf(&chunk(&k)), buf(&chunk(&v)));
+        B::paged_kv_append(&mut (), &mut kp, &mut vp, &pages, pos, &kc, &vc, n, nkv, hd);
+        copy_append::<B>(&mut (), &mut kg, &mut vg, &pages, pos, &kc, &vc, n, nkv, hd);
+        pos += n;
+    }
+    assert_eq!(&kp[..], &kg[..], "paged_kv_append vs copy_append (K)");
+    assert_eq!(&vp[..], &vg[..], "paged_kv_append vs copy_append (V)");
+    let off = kv_len - q_len;
+    let want = ref_attention(&q, &k, &v, 1, q_len, kv_len, off, &cfg);
+    let n = nh * q_len * hd;
+    let vmax = v.iter().fold(0f32, |a, &x| a.max(x.abs())) as f64;
+    let mut out = B::from_slice(&vec![f32::NAN; n]);
+    B::paged_attention(
+        &mut (),
+        &buf(&q),
+        &kp,
+        &vp,
+        &pages,
+        &mut out,
+        q_len,
+        kv_len,
+        off,
+        &cfg,
+    );
+    let what =
+        format!("paged attention kv{nkv}x{group} hd{hd} bs{bs} kv{kv_len} q{q_len} w{window}");
+    assert_close(&what, &B::to_vec(&out, n), &want, |_| 1e-5 * vmax);
+    let mut out = B::from_slice(&vec![f32::NAN; n]);
+    gather_attention::<B>(
+        &mut (),
+        &buf(&q),
+        &kp,
+        &vp,
+        &pages,
+        &mut out,
+        q_len,
+        kv_len,
+        off,
+        &cfg,
+    );
+    assert_close(
+        &format!("gathered {what}"),
+        &B::to_vec(&out, n),
+        &want,
+        |_| 1e-5 * vmax,
+    );
+}
+
+#[test]
+fn paged_attention_matches_contiguous_reference() {
+    let mut seed = 100;
+    for &(nkv, group, hd) in &[(1, 1, 16), (2, 3, 32), (4, 2, 64)] {
+        for &(bs, kv_len, q_len) in &[
+            (16, 1, 1),
+            (16, 17, 1),
+            (16, 100, 37),
+            (4, 70, 70),
+            (1, 9, 3),
+        ] {
+            for window in [0, 5] {
+                seed += 1;
+                check_paged_attention(nkv, group, hd, bs, kv_len, q_len, window, seed);
+            }
+        }
     }
 }
 

@@ -6,4 +6,8 @@ pub mod llama;
 mod llm;
 pub mod rope;
 
-pub use llm::{kv_capacity_from_env, DecoderOnlyLLM, LlmRuntimeConfig, KV_CAPACITY_ENV};
+pub use ferrum_kv::KvUsage;
+pub use llm::{
+    kv_capacity_from_env, DecoderOnlyLLM, KvPoolConfig, LlmRuntimeConfig, KV_CACHE_TOKENS_ENV,
+    KV_CAPACITY_ENV,
+};

@@ -1,6 +1,7 @@
 //! `DecoderOnlyLLM`: what the engine needs from any decoder-only language
 //! model, independent of backend and weight format.
 
+use ferrum_kv::KvUsage;
 use ferrum_types::{FerrumError, Result};
 
 /// Environment variable that caps the per-sequence KV capacity (tokens).
@@ -33,6 +34,56 @@ pub fn kv_capacity_from_env(max_seq_len: usize, default: usize) -> usize {
         .unwrap_or(default)
         .min(max_seq_len)
         .max(1)
+}
+
+/// Environment variable for the paged KV pool size (tokens, all sequences
+/// together) when `--kv-cache-tokens` is not given.
+pub const KV_CACHE_TOKENS_ENV: &str = "FERRUM_KV_CACHE_TOKENS";
+
+/// How a model sizes its shared, paged KV pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvPoolConfig {
+    /// Positions in the pool over all sequences; 0 picks the default
+    /// (`FERRUM_KV_CACHE_TOKENS`, else four sequences at full capacity).
+    pub tokens: usize,
+    /// Positions per block.
+    pub block_size: usize,
+    /// Keep and share full blocks of earlier prompts.
+    pub prefix_caching: bool,
+}
+
+impl Default for KvPoolConfig {
+    fn default() -> Self {
+        Self {
+            tokens: 0,
+            block_size: ferrum_kv::DEFAULT_BLOCK_SIZE,
+            prefix_caching: true,
+        }
+    }
+}
+
+impl KvPoolConfig {
+    /// The pool size in tokens for a model whose sequences hold
+    /// `kv_capacity`: `tokens`, else `FERRUM_KV_CACHE_TOKENS`, else four
+    /// sequences at full capacity. Below `kv_capacity` only when
+    /// `allow_small` (the caller then lowers the capacity to the pool).
+    pub fn resolve_tokens(&self, kv_capacity: usize, allow_small: bool) -> usize {
+        let from_env = || {
+            std::env::var(KV_CACHE_TOKENS_ENV)
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .filter(|&t| t > 0)
+        };
+        let tokens = match self.tokens {
+            0 => from_env().unwrap_or(4 * kv_capacity),
+            t => t,
+        };
+        if allow_small {
+            tokens.max(1)
+        } else {
+            tokens.max(kv_capacity)
+        }
+    }
 }
 
 /// A decoder-only language model with its own per-sequence KV caches.
@@ -128,4 +179,25 @@ pub trait DecoderOnlyLLM: Send + Sync {
 
     /// Drops every sequence's cached state.
     fn reset(&mut self) {}
+
+    /// Occupancy of the shared paged KV pool, for schedulers that admit and
+    /// preempt on free blocks. `None`: the model keeps private per-sequence
+    /// caches bounded only by [`DecoderOnlyLLM::kv_capacity`].
+    fn kv_usage(&self) -> Option<KvUsage> {
+        None
+    }
+
+    /// Pool blocks `cache_id` would take to grow to `new_len` positions
+    /// (copy-on-write included). 0 for models without a pool.
+    fn kv_blocks_needed(&self, _cache_id: &str, _new_len: usize) -> usize {
+        0
+    }
+
+    /// Attaches cached KV blocks holding a prefix of `prompt` to a new
+    /// sequence `cache_id` and returns how many prompt positions they cover
+    /// (always fewer than `prompt.len()`); the caller prefills only the
+    /// rest. Default: no prefix cache, 0.
+    fn reuse_prefix(&mut self, _cache_id: &str, _prompt: &[u32]) -> usize {
+        0
+    }
 }

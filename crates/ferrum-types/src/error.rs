@@ -30,6 +30,12 @@ pub enum FerrumError {
     #[error("context overflow: {needed} tokens needed but the KV capacity is {capacity}")]
     ContextOverflow { needed: usize, capacity: usize },
 
+    /// The shared KV block pool has too few free blocks for a step. The
+    /// scheduler avoids it by admitting and preempting on free blocks; a
+    /// caller that sees it can release a sequence and retry.
+    #[error("KV cache full: {needed} blocks needed, {free} free; lower the load or raise --kv-cache-tokens")]
+    KvExhausted { needed: usize, free: usize },
+
     /// An I/O failure, with the path it concerned. The OS error is part of
     /// the message (not a separate cause) so it is printed once.
     #[error("{path}: {err}")]

@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::{simd, SyncPtr};
-use crate::AttnConfig;
+use crate::{AttnConfig, PagedKv};
 
 /// Keys per tile: a 64 × 128-float K tile is 32 KiB, about L1-sized.
 const KV_TILE: usize = 64;
@@ -29,13 +29,44 @@ thread_local! {
 /// Shapes of one call, fixed for all tasks.
 struct Dims {
     nh: usize,
-    nkv: usize,
     hd: usize,
     q_len: usize,
     kv_len: usize,
-    stride: usize,
     group: usize,
     pos_offset: usize,
+}
+
+/// Where row `j` of KV head `kvh` of batch item `b` starts in K and V.
+trait KvRows: Sync {
+    fn row(&self, b: usize, kvh: usize, j: usize) -> usize;
+}
+
+/// `[batch, kv_heads, stride, head_dim]` buffers.
+struct Contiguous {
+    nkv: usize,
+    stride: usize,
+    hd: usize,
+}
+
+impl KvRows for Contiguous {
+    #[inline]
+    fn row(&self, b: usize, kvh: usize, j: usize) -> usize {
+        ((b * self.nkv + kvh) * self.stride + j) * self.hd
+    }
+}
+
+/// A paged pool (one sequence, `b` is always 0).
+struct Paged<'a> {
+    pages: PagedKv<'a>,
+    nkv: usize,
+    hd: usize,
+}
+
+impl KvRows for Paged<'_> {
+    #[inline]
+    fn row(&self, _b: usize, kvh: usize, j: usize) -> usize {
+        self.pages.offset(j, kvh, self.nkv, self.hd)
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -51,10 +82,7 @@ pub(crate) fn flash_attention(
     cfg: &AttnConfig,
 ) {
     let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-    assert!(
-        nkv > 0 && nh % nkv == 0,
-        "flash_attention: num_heads {nh} is not a multiple of num_kv_heads {nkv}"
-    );
+    check_heads(nh, nkv);
     let stride = if cfg.kv_seq_stride == 0 {
         kv_len
     } else {
@@ -64,24 +92,78 @@ pub(crate) fn flash_attention(
         stride >= kv_len,
         "flash_attention: kv_seq_stride {stride} < kv_len {kv_len}"
     );
+    // Touch the last K/V row we will read so a short buffer fails here,
+    // not as an out-of-bounds read inside a task.
+    if kv_len > 0 && batch > 0 {
+        let last = ((batch - 1) * nkv + nkv - 1) * stride * hd + kv_len * hd;
+        let _ = (&k[..last], &v[..last]);
+    }
+    let rows = Contiguous { nkv, stride, hd };
+    run(q, k, v, out, batch, q_len, kv_len, pos_offset, cfg, &rows);
+}
+
+/// [`flash_attention`] for one sequence whose K/V are in a paged pool.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn paged_attention(
+    q: &[f32],
+    k_pool: &[f32],
+    v_pool: &[f32],
+    pages: &PagedKv,
+    out: &mut [f32],
+    q_len: usize,
+    kv_len: usize,
+    pos_offset: usize,
+    cfg: &AttnConfig,
+) {
+    let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    check_heads(nh, nkv);
+    // Bounds-check every block the tasks will read.
+    let used = &pages.block_table[..kv_len.div_ceil(pages.block_size)];
+    if let Some(&max) = used.iter().max() {
+        let end = (max as usize + 1) * pages.block_len(nkv, hd);
+        let _ = (&k_pool[..end], &v_pool[..end]);
+    }
+    let rows = Paged {
+        pages: *pages,
+        nkv,
+        hd,
+    };
+    run(
+        q, k_pool, v_pool, out, 1, q_len, kv_len, pos_offset, cfg, &rows,
+    );
+}
+
+fn check_heads(nh: usize, nkv: usize) {
+    assert!(
+        nkv > 0 && nh % nkv == 0,
+        "flash_attention: num_heads {nh} is not a multiple of num_kv_heads {nkv}"
+    );
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run<R: KvRows>(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+    batch: usize,
+    q_len: usize,
+    kv_len: usize,
+    pos_offset: usize,
+    cfg: &AttnConfig,
+    rows: &R,
+) {
+    let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
     let d = Dims {
         nh,
-        nkv,
         hd,
         q_len,
         kv_len,
-        stride,
         group: nh / nkv,
         pos_offset,
     };
     let q = &q[..batch * nh * q_len * hd];
     let out = &mut out[..batch * nh * q_len * hd];
-    // Touch the last K/V row we will read so a short buffer fails here,
-    // not as an out-of-bounds read inside a task.
-    if kv_len > 0 {
-        let last = ((batch - 1) * nkv + nkv - 1) * stride * hd + kv_len * hd;
-        let _ = (&k[..last], &v[..last]);
-    }
     if batch == 0 || q_len == 0 {
         return;
     }
@@ -97,21 +179,30 @@ pub(crate) fn flash_attention(
     let tasks = heads_total * blocks_per_head;
     let out_ptr = SyncPtr(out.as_mut_ptr());
 
-    let run = |t: usize| {
+    let task = |t: usize| {
         let (bh, blk) = (t / blocks_per_head, t % blocks_per_head);
         let (b, kvh) = (bh / nkv, bh % nkv);
         let q0 = blk * q_block;
         let nq = q_block.min(q_len - q0);
         SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
-            attend_block(&d, cfg, q, k, v, out_ptr, b, kvh, q0, nq, &mut s);
+            let at = Task { b, kvh, q0, nq };
+            attend_block(&d, cfg, q, k, v, rows, out_ptr, at, &mut s);
         });
     };
     if tasks == 1 || threads == 1 {
-        (0..tasks).for_each(run);
+        (0..tasks).for_each(task);
     } else {
-        (0..tasks).into_par_iter().for_each(run);
+        (0..tasks).into_par_iter().for_each(task);
     }
+}
+
+/// One task: KV head `kvh` of batch item `b`, queries `q0..q0 + nq`.
+struct Task {
+    b: usize,
+    kvh: usize,
+    q0: usize,
+    nq: usize,
 }
 
 /// Visible key range `[lo, hi)` of the query at absolute position `p`.
@@ -130,19 +221,18 @@ fn key_range(cfg: &AttnConfig, kv_len: usize, p: usize) -> (usize, usize) {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn attend_block(
+fn attend_block<R: KvRows>(
     d: &Dims,
     cfg: &AttnConfig,
     q: &[f32],
     k: &[f32],
     v: &[f32],
+    kv_rows: &R,
     out: SyncPtr,
-    b: usize,
-    kvh: usize,
-    q0: usize,
-    nq: usize,
+    at: Task,
     scratch: &mut Vec<f32>,
 ) {
+    let Task { b, kvh, q0, nq } = at;
     let (hd, group) = (d.hd, d.group);
     let rows = nq * group;
     let need = rows * (KV_TILE + hd + 2);
@@ -157,8 +247,8 @@ fn attend_block(
     m.fill(f32::NEG_INFINITY);
     l.fill(0.0);
 
-    let kv_base = (b * d.nkv + kvh) * d.stride * hd;
-    let (k, v) = (&k[kv_base..], &v[kv_base..]);
+    // Row offsets of the current tile's keys, shared by all query rows.
+    let mut offs = [0usize; KV_TILE];
     // Row r = (query position qi, head g within the group), position-major.
     let q_row = |r: usize| {
         let (qi, g) = (r / group, r % group);
@@ -172,6 +262,9 @@ fn attend_block(
     let mut t0 = first - first % KV_TILE;
     while t0 < last {
         let t1 = (t0 + KV_TILE).min(last);
+        for (o, j) in offs.iter_mut().zip(t0..t1) {
+            *o = kv_rows.row(b, kvh, j);
+        }
         for r in 0..rows {
             let (lo, hi) = range_of(r);
             let (j0, j1) = (lo.max(t0), hi.min(t1));
@@ -181,8 +274,9 @@ fn attend_block(
             let qv = &q[q_row(r)..q_row(r) + hd];
             let s = &mut scores[r * KV_TILE..r * KV_TILE + (j1 - j0)];
             let mut tile_max = f32::NEG_INFINITY;
-            for (sj, j) in s.iter_mut().zip(j0..j1) {
-                *sj = cfg.scale * simd::dot(qv, &k[j * hd..(j + 1) * hd]);
+            let tile = &offs[j0 - t0..j1 - t0];
+            for (sj, &kr) in s.iter_mut().zip(tile) {
+                *sj = cfg.scale * simd::dot(qv, &k[kr..kr + hd]);
                 tile_max = tile_max.max(*sj);
             }
             let m_new = m[r].max(tile_max);
@@ -195,8 +289,8 @@ fn attend_block(
             }
             l[r] += tile_sum;
             m[r] = m_new;
-            for (&p, j) in s.iter().zip(j0..j1) {
-                simd::axpy(o, p, &v[j * hd..(j + 1) * hd]);
+            for (&p, &vr) in s.iter().zip(tile) {
+                simd::axpy(o, p, &v[vr..vr + hd]);
             }
         }
         t0 = t1;

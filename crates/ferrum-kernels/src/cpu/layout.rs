@@ -1,6 +1,7 @@
 //! Pure data movement: splits, transposes, cache appends, lookups.
 
 use super::rows_mut;
+use crate::PagedKv;
 
 pub(crate) fn split_qkv(
     qkv: &[f32],
@@ -41,6 +42,30 @@ pub(crate) fn kv_cache_append_head_major(
         let dst = (h * capacity + cache_len) * hd;
         cache_k[dst..dst + chunk].copy_from_slice(&new_k[h * chunk..(h + 1) * chunk]);
         cache_v[dst..dst + chunk].copy_from_slice(&new_v[h * chunk..(h + 1) * chunk]);
+    }
+}
+
+/// Head-major new rows into a paged pool, one copy per token and head (a
+/// decode step writes one row per head).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn paged_kv_append(
+    k_pool: &mut [f32],
+    v_pool: &mut [f32],
+    pages: &PagedKv,
+    pos: usize,
+    new_k: &[f32],
+    new_v: &[f32],
+    n: usize,
+    nkv: usize,
+    hd: usize,
+) {
+    for h in 0..nkv {
+        for t in 0..n {
+            let dst = pages.offset(pos + t, h, nkv, hd);
+            let src = (h * n + t) * hd;
+            k_pool[dst..dst + hd].copy_from_slice(&new_k[src..src + hd]);
+            v_pool[dst..dst + hd].copy_from_slice(&new_v[src..src + hd]);
+        }
     }
 }
 

@@ -19,7 +19,7 @@ use rayon::prelude::*;
 
 pub use gptq::CpuGptqWeight;
 
-use crate::{packed_bytes, AttnConfig, Backend, QuantKind, QuantWeights};
+use crate::{packed_bytes, AttnConfig, Backend, PagedKv, QuantKind, QuantWeights};
 
 /// Element-wise work below this many values stays on the calling thread:
 /// waking the pool costs more than it saves (decode-sized rows).
@@ -245,6 +245,48 @@ impl Backend for CpuBackend {
         cfg: &AttnConfig,
     ) {
         attention::flash_attention(q, k, v, out, batch, q_len, kv_len, pos_offset, cfg);
+    }
+
+    fn paged_attention(
+        _ctx: &mut Self::Context,
+        q: &Self::Buffer,
+        k_pool: &Self::Buffer,
+        v_pool: &Self::Buffer,
+        pages: &PagedKv,
+        out: &mut Self::Buffer,
+        q_len: usize,
+        kv_len: usize,
+        pos_offset: usize,
+        cfg: &AttnConfig,
+    ) {
+        attention::paged_attention(
+            q, k_pool, v_pool, pages, out, q_len, kv_len, pos_offset, cfg,
+        );
+    }
+
+    fn paged_kv_append(
+        _ctx: &mut Self::Context,
+        k_pool: &mut Self::Buffer,
+        v_pool: &mut Self::Buffer,
+        pages: &PagedKv,
+        pos: usize,
+        new_k_head_major: &Self::Buffer,
+        new_v_head_major: &Self::Buffer,
+        new_tokens: usize,
+        nkv: usize,
+        hd: usize,
+    ) {
+        layout::paged_kv_append(
+            k_pool,
+            v_pool,
+            pages,
+            pos,
+            new_k_head_major,
+            new_v_head_major,
+            new_tokens,
+            nkv,
+            hd,
+        );
     }
 
     fn copy_slice(

@@ -7,23 +7,25 @@
 //! runs per segment against that sequence's own KV cache.
 
 mod config;
+mod kv;
 mod presets;
 mod weights;
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use ferrum_formats::gguf::GgufFile;
 use ferrum_formats::hf_config::HfConfig;
 use ferrum_formats::safetensors::SafeTensors;
-use ferrum_kernels::{AttnConfig, Backend, KvCache};
+use ferrum_kernels::{AttnConfig, Backend};
+use ferrum_kv::KvUsage;
 use ferrum_types::{DecodeBackend, FerrumError, Result, TensorRef};
 
 pub use config::{Activation, Arch, LlamaConfig};
+use kv::KvStore;
 pub use presets::{preset, PRESETS};
 use weights::{Embedding, Source, Weights};
 
-use crate::llm::{kv_capacity_from_env, DecoderOnlyLLM, LlmRuntimeConfig};
+use crate::llm::{kv_capacity_from_env, DecoderOnlyLLM, KvPoolConfig, LlmRuntimeConfig};
 
 /// Per-sequence KV capacity when `FERRUM_KV_CAPACITY` is not set (clamped to
 /// the model's context length): enough for long chats without reserving a
@@ -139,7 +141,7 @@ pub struct LlamaModel<B: Backend> {
     cos: B::Buffer,
     sin: B::Buffer,
     local_rope: Option<(B::Buffer, B::Buffer)>,
-    caches: HashMap<String, Vec<KvCache<B>>>,
+    kv: KvStore<B>,
     kv_capacity: usize,
     scratch: Scratch<B>,
     /// Passed where an op ignores its norm weight.
@@ -186,6 +188,9 @@ impl<B: Backend> LlamaModel<B> {
             vocab_size: cfg.vocab,
             max_seq_len: cfg.max_seq_len,
         };
+        let pool = KvPoolConfig::default();
+        let tokens = pool.resolve_tokens(kv_capacity, false);
+        let kv = KvStore::new(cfg.layers, cfg.kv_heads, cfg.head_dim, &pool, tokens);
         Self {
             cfg,
             rt,
@@ -193,7 +198,7 @@ impl<B: Backend> LlamaModel<B> {
             cos: B::from_slice(&cos),
             sin: B::from_slice(&sin),
             local_rope,
-            caches: HashMap::new(),
+            kv,
             kv_capacity,
             scratch: Scratch::new(),
             empty: B::alloc(0),
@@ -204,10 +209,18 @@ impl<B: Backend> LlamaModel<B> {
         &self.cfg
     }
 
-    fn new_cache(&self) -> Vec<KvCache<B>> {
-        (0..self.cfg.layers)
-            .map(|_| KvCache::new(self.cfg.kv_heads, self.kv_capacity, self.cfg.head_dim))
-            .collect()
+    /// Replaces the KV pool (default: [`KvPoolConfig::default`]) with one
+    /// sized by `pool`, dropping every sequence. A pool smaller than one
+    /// sequence's capacity lowers that capacity to the pool size.
+    pub fn with_kv_pool(mut self, pool: &KvPoolConfig) -> Self {
+        let c = &self.cfg;
+        let tokens = pool.resolve_tokens(self.kv_capacity, true);
+        self.kv_capacity = self.kv_capacity.min(tokens);
+        // Free the old pools before allocating the new ones.
+        self.kv.k.clear();
+        self.kv.v.clear();
+        self.kv = KvStore::new(c.layers, c.kv_heads, c.head_dim, pool, tokens);
+        self
     }
 
     /// Runs one forward pass over `segs` and returns, per segment, the
@@ -236,7 +249,7 @@ impl<B: Backend> LlamaModel<B> {
                     s.cache_id
                 )));
             }
-            let len = self.kv_len(s.cache_id);
+            let len = self.kv.blocks.len(s.cache_id);
             if s.pos > len {
                 return Err(FerrumError::invalid(format!(
                     "sequence {} continues at position {} but holds only {len} tokens",
@@ -250,16 +263,26 @@ impl<B: Backend> LlamaModel<B> {
                 });
             }
         }
+        // A segment that starts inside its cache replaces what follows.
         for s in segs {
-            if !self.caches.contains_key(s.cache_id) {
-                let c = self.new_cache();
-                self.caches.insert(s.cache_id.to_string(), c);
-            }
+            self.kv.blocks.truncate(s.cache_id, s.pos);
+        }
+        let wants: Vec<(&str, usize)> = segs
+            .iter()
+            .map(|s| (s.cache_id, s.pos + s.tokens.len()))
+            .collect();
+        let copies = self.kv.blocks.reserve_many(&wants)?;
+        if !copies.is_empty() {
+            let ctx = &mut B::new_context();
+            self.kv.copy_blocks(ctx, &copies);
         }
         let rows: usize = segs.iter().map(|s| s.tokens.len()).sum();
         let seg_rows = segs.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
         self.scratch.ensure(&self.cfg, rows, seg_rows);
         self.run_layers(segs, rows)?;
+        for s in segs {
+            self.kv.blocks.commit(s.cache_id, s.tokens);
+        }
         self.logits(segs)
     }
 
@@ -303,18 +326,18 @@ impl<B: Backend> LlamaModel<B> {
                 head_dim: hd,
                 causal: true,
                 scale: c.attn_scale,
-                kv_seq_stride: self.kv_capacity,
+                kv_seq_stride: 0,
                 sliding_window: if sliding { c.sliding_window } else { 0 },
             };
             let mut r0 = 0;
             for seg in segs {
                 let n = seg.tokens.len();
                 let p = seg.pos;
-                // Validated in `forward`; the cache exists.
-                let Some(cache) = self.caches.get_mut(seg.cache_id) else {
-                    continue;
+                let pages = ferrum_kernels::PagedKv {
+                    block_table: self.kv.blocks.table(seg.cache_id),
+                    block_size: self.kv.blocks.block_size(),
                 };
-                let kv = &mut cache[l];
+                let (kp, vp) = (&mut self.kv.k[l], &mut self.kv.v[l]);
                 B::copy_slice(ctx, &s.q, r0 * qd, &mut s.seg_q, 0, n * qd);
                 B::copy_slice(ctx, &s.k, r0 * kvd, &mut s.seg_k, 0, n * kvd);
                 B::copy_slice(ctx, &s.v, r0 * kvd, &mut s.seg_v, 0, n * kvd);
@@ -362,26 +385,14 @@ impl<B: Backend> LlamaModel<B> {
                     eps,
                     0,
                 );
-                B::kv_cache_append_head_major(
-                    ctx,
-                    &mut kv.k,
-                    &mut kv.v,
-                    p,
-                    kv.capacity,
-                    &s.seg_kh,
-                    &s.seg_vh,
-                    n,
-                    nkv,
-                    hd,
-                );
-                kv.len = p + n;
-                B::flash_attention(
+                B::paged_kv_append(ctx, kp, vp, &pages, p, &s.seg_kh, &s.seg_vh, n, nkv, hd);
+                B::paged_attention(
                     ctx,
                     &s.seg_qh,
-                    &kv.k,
-                    &kv.v,
+                    kp,
+                    vp,
+                    &pages,
                     &mut s.seg_attn,
-                    1,
                     n,
                     p + n,
                     p,
@@ -494,25 +505,7 @@ impl<B: Backend> LlamaModel<B> {
     /// `[kv_heads, len, head_dim]`, the hand-off format of
     /// [`ferrum_types::DecodeBackend::init_kv_cache`].
     pub fn export_kv(&self, cache_id: &str) -> Result<Vec<(TensorRef, TensorRef)>> {
-        let layers = self
-            .caches
-            .get(cache_id)
-            .ok_or_else(|| FerrumError::invalid(format!("sequence {cache_id} has no KV cache")))?;
-        let (nkv, hd) = (self.cfg.kv_heads, self.cfg.head_dim);
-        layers
-            .iter()
-            .map(|c| {
-                let take = |buf: &B::Buffer| {
-                    let all = B::to_vec(buf, nkv * c.capacity * hd);
-                    let mut out = Vec::with_capacity(nkv * c.len * hd);
-                    for h in 0..nkv {
-                        out.extend_from_slice(&all[h * c.capacity * hd..][..c.len * hd]);
-                    }
-                    TensorRef::new(vec![nkv, c.len, hd], out)
-                };
-                Ok((take(&c.k)?, take(&c.v)?))
-            })
-            .collect()
+        self.kv.export(cache_id)
     }
 
     /// Installs K/V exported by [`LlamaModel::export_kv`] (from any model of
@@ -523,43 +516,13 @@ impl<B: Backend> LlamaModel<B> {
         kv: &[(TensorRef, TensorRef)],
         len: usize,
     ) -> Result<()> {
-        let (nkv, hd) = (self.cfg.kv_heads, self.cfg.head_dim);
-        if kv.len() != self.cfg.layers {
-            return Err(FerrumError::invalid(format!(
-                "KV for {} layers given to a model of {}",
-                kv.len(),
-                self.cfg.layers
-            )));
-        }
         if len > self.kv_capacity {
             return Err(FerrumError::ContextOverflow {
                 needed: len,
                 capacity: self.kv_capacity,
             });
         }
-        for (k, v) in kv {
-            for t in [k, v] {
-                if t.shape() != [nkv, len, hd] {
-                    return Err(FerrumError::invalid(format!(
-                        "KV tensor of shape {:?}, expected {:?}",
-                        t.shape(),
-                        [nkv, len, hd]
-                    )));
-                }
-            }
-        }
-        let mut cache = self.new_cache();
-        let ctx = &mut B::new_context();
-        for (c, (k, v)) in cache.iter_mut().zip(kv) {
-            let (kb, vb) = (B::from_slice(k.data()), B::from_slice(v.data()));
-            B::kv_cache_append_head_major(
-                ctx, &mut c.k, &mut c.v, 0, c.capacity, &kb, &vb, len, nkv, hd,
-            );
-            c.len = len;
-        }
-        B::sync(ctx);
-        self.caches.insert(cache_id.to_string(), cache);
-        Ok(())
+        self.kv.import(cache_id, kv, len)
     }
 
     /// Like [`DecoderOnlyLLM::prefill`], reporting errors instead of
@@ -615,21 +578,14 @@ impl<B: Backend> DecoderOnlyLLM for LlamaModel<B> {
     }
 
     fn release(&mut self, cache_id: &str) {
-        self.caches.remove(cache_id);
+        self.kv.blocks.release(cache_id);
     }
 
     fn kv_len(&self, cache_id: &str) -> usize {
-        self.caches
-            .get(cache_id)
-            .and_then(|c| c.first())
-            .map_or(0, |c| c.len)
+        self.kv.blocks.len(cache_id)
     }
 
-    fn prepare(&mut self, cache_id: &str, max_tokens: usize) {
-        if !self.caches.contains_key(cache_id) {
-            let c = self.new_cache();
-            self.caches.insert(cache_id.to_string(), c);
-        }
+    fn prepare(&mut self, _cache_id: &str, max_tokens: usize) {
         let rows = max_tokens.min(self.kv_capacity);
         self.scratch.ensure(&self.cfg, rows, rows);
     }
@@ -682,15 +638,24 @@ impl<B: Backend> DecoderOnlyLLM for LlamaModel<B> {
     }
 
     fn truncate_kv(&mut self, cache_id: &str, new_len: usize) {
-        if let Some(layers) = self.caches.get_mut(cache_id) {
-            for c in layers {
-                c.len = c.len.min(new_len);
-            }
-        }
+        self.kv.blocks.truncate(cache_id, new_len);
     }
 
     fn reset(&mut self) {
-        self.caches.clear();
+        self.kv.blocks.clear();
+    }
+
+    fn kv_usage(&self) -> Option<KvUsage> {
+        Some(self.kv.blocks.usage())
+    }
+
+    fn kv_blocks_needed(&self, cache_id: &str, new_len: usize) -> usize {
+        self.kv.blocks.blocks_needed(cache_id, new_len)
+    }
+
+    fn reuse_prefix(&mut self, cache_id: &str, prompt: &[u32]) -> usize {
+        let max = prompt.len().min(self.kv_capacity);
+        self.kv.blocks.match_prefix(cache_id, &prompt[..max])
     }
 }
 
@@ -736,7 +701,7 @@ impl<B: Backend> DecodeBackend for LlamaDecodeBackend<B> {
     }
 
     fn has_kv_cache(&self, cache_key: &str) -> bool {
-        self.model.caches.contains_key(cache_key)
+        self.model.kv.blocks.contains(cache_key)
     }
 
     fn release_kv_cache(&mut self, cache_key: &str) {

@@ -1,0 +1,183 @@
+//! The serving engine: one loop that owns the model and runs every
+//! request's prefill chunks and decode steps together (continuous
+//! batching), admitting and preempting on free KV blocks.
+//!
+//! Callers [`Engine::submit`] a [`Request`] and read its [`Event`]s from a
+//! tokio channel; dropping the receiver cancels the request, and its KV
+//! blocks are freed at the next step. The loop runs on its own thread inside
+//! a CPU pool (see `ferrum_kernels::cpu::on_pool`).
+
+mod scheduler;
+mod sequence;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+
+use ferrum_models::DecoderOnlyLLM;
+use ferrum_tokenizer::Tokenizer;
+use ferrum_types::{FerrumError, Result};
+use tokio::sync::mpsc as tmpsc;
+
+use crate::generate::FinishReason;
+use crate::sampler::{Sampled, SamplingParams};
+
+/// Scheduling limits (vLLM's names and meanings).
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Sequences decoding or prefilling in one step.
+    pub max_num_seqs: usize,
+    /// Tokens (prefill chunks + one per decode) in one step. A long prompt
+    /// is split into chunks of at most this size, so running decodes keep
+    /// their pace while it is prefilled.
+    pub max_num_batched_tokens: usize,
+    /// CPU threads for the model (None: all cores).
+    pub threads: Option<usize>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            max_num_seqs: 16,
+            max_num_batched_tokens: 512,
+            threads: None,
+        }
+    }
+}
+
+/// One generation request.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    /// Clamped to what the model's context leaves after the prompt.
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop_strings: Vec<String>,
+    /// Tokens that end generation in addition to the tokenizer's own.
+    pub stop_tokens: Vec<u32>,
+}
+
+/// What a request's stream carries, in order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A generated token and the text it completes: never half a UTF-8
+    /// character, never part of a stop string (that text is held back until
+    /// it is known not to be one). `logprob` is set when `top_logprobs > 0`.
+    Token {
+        token: u32,
+        text: String,
+        logprob: Option<Sampled>,
+    },
+    /// Held-back text released at the end (no stop string matched).
+    Text(String),
+    /// The last event of a request that ran to its end.
+    Done(Completion),
+    /// The request failed; nothing follows.
+    Error(String),
+}
+
+/// How a request ended, with OpenAI-style usage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    pub finish: FinishReason,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+/// Live counters the HTTP side and tests read.
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    pub waiting: AtomicUsize,
+    pub running: AtomicUsize,
+    /// Sequences holding KV blocks (0 when idle: nothing leaks).
+    pub live_caches: AtomicUsize,
+    pub preemptions: AtomicUsize,
+}
+
+impl EngineStats {
+    pub fn get(&self, counter: &AtomicUsize) -> usize {
+        counter.load(Ordering::SeqCst)
+    }
+}
+
+struct Submission {
+    req: Request,
+    events: tmpsc::UnboundedSender<Event>,
+}
+
+/// A handle to the engine loop; cheap to clone and share.
+#[derive(Clone)]
+pub struct Engine {
+    tx: mpsc::Sender<Submission>,
+    stats: Arc<EngineStats>,
+    tok: Arc<Tokenizer>,
+    capacity: usize,
+}
+
+impl Engine {
+    /// Starts the loop on its own thread. It ends when every handle is
+    /// dropped and the running requests are done.
+    pub fn start(
+        model: Box<dyn DecoderOnlyLLM>,
+        tok: Arc<Tokenizer>,
+        cfg: EngineConfig,
+    ) -> Result<Self> {
+        let capacity = model.kv_capacity();
+        let stats = Arc::new(EngineStats::default());
+        let (tx, rx) = mpsc::channel();
+        let (st, tk) = (stats.clone(), tok.clone());
+        std::thread::Builder::new()
+            .name("ferrum-engine".into())
+            .spawn(move || {
+                let threads = cfg.threads;
+                let run = move || scheduler::Loop::new(model, &tk, cfg, st).run(rx);
+                if let Err(e) = ferrum_kernels::cpu::on_pool(threads, run) {
+                    tracing::error!("cannot start the model's CPU threads: {e}");
+                }
+            })
+            .map_err(|e| FerrumError::Device(format!("cannot start the engine thread: {e}")))?;
+        Ok(Self {
+            tx,
+            stats,
+            tok,
+            capacity,
+        })
+    }
+
+    /// Queues `req` and returns its event stream. Invalid requests (empty
+    /// prompt, unknown token ids, bad sampling values, a prompt that leaves
+    /// no room in the context) are refused here, before they are queued.
+    pub fn submit(&self, mut req: Request) -> Result<tmpsc::UnboundedReceiver<Event>> {
+        req.sampling.validate()?;
+        if req.prompt.is_empty() {
+            return Err(FerrumError::invalid("the prompt is empty"));
+        }
+        self.tok.check_ids(&req.prompt)?;
+        if req.prompt.len() >= self.capacity {
+            return Err(FerrumError::ContextOverflow {
+                needed: req.prompt.len() + 1,
+                capacity: self.capacity,
+            });
+        }
+        req.max_tokens = req.max_tokens.min(self.capacity - req.prompt.len());
+        let (events, rx) = tmpsc::unbounded_channel();
+        self.tx
+            .send(Submission { req, events })
+            .map_err(|_| FerrumError::Device("the engine is not running".into()))?;
+        Ok(rx)
+    }
+
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    /// The most positions one sequence can hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tok
+    }
+}

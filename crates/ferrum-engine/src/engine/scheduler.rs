@@ -1,0 +1,356 @@
+//! The engine loop: each step takes in new requests, drops cancelled ones,
+//! plans a batch under the token, sequence and KV-block budgets, runs it as
+//! one forward pass and samples where a sequence's input is complete.
+//!
+//! Policy (vLLM's, simplified): running decodes first; then the rest of
+//! partially prefilled prompts; then waiting requests in arrival order,
+//! each after attaching whatever prefix the KV cache already holds. A
+//! waiting request that does not fit stops admission (no overtaking). When
+//! decodes need more blocks than are free, the newest running request is
+//! preempted: its blocks are released and it waits again with its generated
+//! tokens, to be recomputed (mostly from the prefix cache) when it returns.
+
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+
+use ferrum_models::DecoderOnlyLLM;
+use ferrum_tokenizer::Tokenizer;
+use ferrum_types::Result;
+
+use super::sequence::Seq;
+use super::{Completion, EngineConfig, EngineStats, Event, Submission};
+use crate::generate::FinishReason;
+
+/// One sequence's share of a step: `tokens` new positions.
+struct Planned {
+    /// Index into `running`.
+    seq: usize,
+    tokens: usize,
+}
+
+pub(super) struct Loop<'t> {
+    model: Box<dyn DecoderOnlyLLM>,
+    tok: &'t Tokenizer,
+    cfg: EngineConfig,
+    stats: Arc<EngineStats>,
+    capacity: usize,
+    waiting: VecDeque<Seq<'t>>,
+    running: Vec<Seq<'t>>,
+    arrivals: u64,
+}
+
+impl<'t> Loop<'t> {
+    pub fn new(
+        model: Box<dyn DecoderOnlyLLM>,
+        tok: &'t Tokenizer,
+        mut cfg: EngineConfig,
+        stats: Arc<EngineStats>,
+    ) -> Self {
+        cfg.max_num_seqs = cfg.max_num_seqs.max(1);
+        // Every running decode must fit in a step.
+        cfg.max_num_batched_tokens = cfg.max_num_batched_tokens.max(cfg.max_num_seqs);
+        let capacity = model.kv_capacity();
+        Self {
+            model,
+            tok,
+            cfg,
+            stats,
+            capacity,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            arrivals: 0,
+        }
+    }
+
+    pub fn run(mut self, rx: mpsc::Receiver<Submission>) {
+        loop {
+            if self.waiting.is_empty() && self.running.is_empty() {
+                self.publish();
+                match rx.recv() {
+                    Ok(s) => self.admit_new(s),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(s) = rx.try_recv() {
+                self.admit_new(s);
+            }
+            self.drop_cancelled();
+            let plan = self.plan();
+            if plan.is_empty() {
+                continue;
+            }
+            self.execute(&plan);
+            self.publish();
+        }
+    }
+
+    fn admit_new(&mut self, s: Submission) {
+        self.arrivals += 1;
+        let seq = Seq::new(self.tok, s.req, s.events, self.arrivals, self.capacity);
+        metrics::counter!("ferrum_prompt_tokens_total").increment(seq.prompt_len as u64);
+        if seq.max_tokens_is_zero() {
+            let _ = seq.events.send(Event::Done(Completion {
+                finish: FinishReason::Length,
+                prompt_tokens: seq.prompt_len,
+                completion_tokens: 0,
+                cached_tokens: 0,
+            }));
+            return;
+        }
+        self.waiting.push_back(seq);
+    }
+
+    fn drop_cancelled(&mut self) {
+        let before = self.running.len() + self.waiting.len();
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.running)
+            .into_iter()
+            .partition(|s| s.cancelled());
+        self.running = kept;
+        for mut s in gone {
+            self.release(&mut s);
+        }
+        self.waiting.retain(|s| !s.cancelled());
+        let gone = before - self.running.len() - self.waiting.len();
+        if gone > 0 {
+            metrics::counter!("ferrum_requests_cancelled_total").increment(gone as u64);
+        }
+    }
+
+    /// Free blocks in the model's pool (unbounded without a pool).
+    fn available_blocks(&self) -> usize {
+        self.model
+            .kv_usage()
+            .map_or(usize::MAX, |u| u.available_blocks())
+    }
+
+    /// Decides this step's batch; may preempt and admit.
+    fn plan(&mut self) -> Vec<Planned> {
+        // Decodes (one pending token) need their blocks first; preempt the
+        // newest requests until they fit.
+        loop {
+            let need: usize = self
+                .running
+                .iter()
+                .filter(|s| s.pending() == 1)
+                .map(|s| self.model.kv_blocks_needed(&s.id, s.computed + 1))
+                .sum();
+            if need <= self.available_blocks() || self.running.len() <= 1 {
+                break;
+            }
+            self.preempt_newest();
+        }
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut free = self.available_blocks();
+        let mut plan = Vec::new();
+        // Running sequences: decodes, then continuing prefills, in arrival
+        // order (running is kept sorted by arrival).
+        for decode_pass in [true, false] {
+            for i in 0..self.running.len() {
+                let s = &self.running[i];
+                if (s.pending() == 1) != decode_pass || budget == 0 {
+                    continue;
+                }
+                let n = self.fit(s, budget.min(s.pending()), &mut free);
+                if n > 0 {
+                    budget -= n;
+                    plan.push(Planned { seq: i, tokens: n });
+                }
+            }
+        }
+        // Waiting requests, first come first served.
+        while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
+            let Some(mut s) = self.waiting.pop_front() else {
+                break;
+            };
+            if !s.has_cache {
+                // Attaching cached blocks takes them out of the evictable
+                // set that `free` counted.
+                let before = self.available_blocks();
+                let hit = self.model.reuse_prefix(&s.id, &s.tokens);
+                free = free.saturating_sub(before.saturating_sub(self.available_blocks()));
+                s.has_cache = true;
+                s.computed = hit;
+                if s.cached_tokens == 0 && s.generated() == 0 {
+                    s.cached_tokens = hit;
+                }
+                self.stats.live_caches.fetch_add(1, Ordering::SeqCst);
+            }
+            let n = self.fit(&s, budget.min(s.pending()), &mut free);
+            if n == 0 {
+                // Not even one token fits: give the prefix blocks back and
+                // wait for running requests to finish.
+                self.release(&mut s);
+                self.waiting.push_front(s);
+                break;
+            }
+            budget -= n;
+            let i = self.insert_running(s);
+            for p in &mut plan {
+                if p.seq >= i {
+                    p.seq += 1;
+                }
+            }
+            plan.push(Planned { seq: i, tokens: n });
+        }
+        if plan.is_empty() && !self.running.is_empty() {
+            // Nothing fits although requests are running: only possible when
+            // the one running request's own growth exceeds the pool.
+            let s = self.running.remove(0);
+            self.fail(
+                s,
+                "the KV cache pool is too small for this request; raise --kv-cache-tokens",
+            );
+        }
+        plan
+    }
+
+    /// The largest chunk `<= want` whose blocks fit in `free`; reserves them.
+    fn fit(&self, s: &Seq, want: usize, free: &mut usize) -> usize {
+        let mut n = want;
+        while n > 0 {
+            let need = self.model.kv_blocks_needed(&s.id, s.computed + n);
+            if need <= *free {
+                *free -= need;
+                return n;
+            }
+            n /= 2;
+        }
+        0
+    }
+
+    fn insert_running(&mut self, s: Seq<'t>) -> usize {
+        let i = self.running.partition_point(|r| r.arrival < s.arrival);
+        self.running.insert(i, s);
+        i
+    }
+
+    fn preempt_newest(&mut self) {
+        let Some(mut s) = self.running.pop() else {
+            return;
+        };
+        tracing::debug!(seq = %s.id, "preempted: KV blocks are short; it will be recomputed");
+        self.release(&mut s);
+        self.stats.preemptions.fetch_add(1, Ordering::SeqCst);
+        metrics::counter!("ferrum_preemptions_total").increment(1);
+        let i = self.waiting.partition_point(|w| w.arrival < s.arrival);
+        self.waiting.insert(i, s);
+    }
+
+    fn release(&mut self, s: &mut Seq) {
+        if s.has_cache {
+            self.model.release(&s.id);
+            s.has_cache = false;
+            s.computed = 0;
+            self.stats.live_caches.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    fn fail(&mut self, mut s: Seq, msg: &str) {
+        self.release(&mut s);
+        let _ = s.events.send(Event::Error(msg.to_string()));
+    }
+
+    fn execute(&mut self, plan: &[Planned]) {
+        let items: Vec<(String, Vec<u32>, usize, bool)> = plan
+            .iter()
+            .map(|p| {
+                let s = &self.running[p.seq];
+                let end = s.computed + p.tokens;
+                let toks = s.tokens[s.computed..end].to_vec();
+                (s.id.clone(), toks, s.computed, end == s.tokens.len())
+            })
+            .collect();
+        metrics::histogram!("ferrum_batch_tokens")
+            .record(items.iter().map(|i| i.1.len()).sum::<usize>() as f64);
+        let model = &mut self.model;
+        // A panic inside the model is a bug, but it must cost only the
+        // requests of this step, not the engine.
+        let out = catch_unwind(AssertUnwindSafe(|| forward(model.as_mut(), &items)));
+        let logits = match out {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) => {
+                tracing::error!("a batch failed: {e}");
+                self.fail_planned(plan, &e.to_string());
+                return;
+            }
+            Err(_) => {
+                tracing::error!("the model panicked; its requests failed, the engine goes on");
+                self.fail_planned(plan, "internal error while generating");
+                return;
+            }
+        };
+        let mut finished = Vec::new();
+        for (p, l) in plan.iter().zip(logits) {
+            let s = &mut self.running[p.seq];
+            s.computed += p.tokens;
+            if let Some(mut l) = l {
+                if s.on_logits(&mut l).is_some() {
+                    finished.push(p.seq);
+                }
+            }
+        }
+        finished.sort_unstable();
+        for i in finished.into_iter().rev() {
+            let mut s = self.running.remove(i);
+            self.release(&mut s);
+        }
+    }
+
+    fn fail_planned(&mut self, plan: &[Planned], msg: &str) {
+        let mut idx: Vec<usize> = plan.iter().map(|p| p.seq).collect();
+        idx.sort_unstable();
+        for i in idx.into_iter().rev() {
+            let s = self.running.remove(i);
+            self.fail(s, msg);
+        }
+    }
+
+    fn publish(&self) {
+        let (w, r) = (self.waiting.len(), self.running.len());
+        self.stats.waiting.store(w, Ordering::SeqCst);
+        self.stats.running.store(r, Ordering::SeqCst);
+        metrics::gauge!("ferrum_requests_waiting").set(w as f64);
+        metrics::gauge!("ferrum_requests_running").set(r as f64);
+        if let Some(u) = self.model.kv_usage() {
+            metrics::gauge!("ferrum_kv_blocks_used").set(u.used_blocks as f64);
+            metrics::gauge!("ferrum_kv_blocks_free").set(u.available_blocks() as f64);
+            metrics::gauge!("ferrum_kv_blocks_cached").set(u.cached_blocks as f64);
+            metrics::gauge!("ferrum_prefix_cache_query_tokens").set(u.prefix_query_tokens as f64);
+            metrics::gauge!("ferrum_prefix_cache_hit_tokens").set(u.prefix_hit_tokens as f64);
+            if u.prefix_query_tokens > 0 {
+                metrics::gauge!("ferrum_prefix_cache_hit_rate")
+                    .set(u.prefix_hit_tokens as f64 / u.prefix_query_tokens as f64);
+            }
+        }
+    }
+}
+
+/// One forward pass over mixed prefill chunks and decodes:
+/// `unified_forward` where the model has it, else `prefill` per chunk and
+/// one `decode_batch` for the single-token items.
+fn forward(
+    model: &mut dyn DecoderOnlyLLM,
+    items: &[(String, Vec<u32>, usize, bool)],
+) -> Result<Vec<Option<Vec<f32>>>> {
+    match model.unified_forward(items) {
+        Err(e) if e.is_unsupported() => {}
+        other => return other,
+    }
+    let mut out: Vec<Option<Vec<f32>>> = vec![None; items.len()];
+    let mut decodes = Vec::new();
+    for (i, (id, toks, pos, last)) in items.iter().enumerate() {
+        if toks.len() == 1 && *last {
+            decodes.push((i, (id.clone(), toks[0], *pos as u32)));
+        } else {
+            let l = model.prefill(id, toks);
+            out[i] = last.then_some(l);
+        }
+    }
+    let batch: Vec<_> = decodes.iter().map(|(_, d)| d.clone()).collect();
+    for ((i, _), l) in decodes.iter().zip(model.decode_batch(&batch)) {
+        out[*i] = Some(l);
+    }
+    Ok(out)
+}

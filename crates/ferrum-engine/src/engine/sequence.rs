@@ -1,0 +1,152 @@
+//! One request inside the engine: its tokens, how many of them are in the
+//! KV cache, and its sampling and detokenization state.
+
+use std::time::Instant;
+
+use ferrum_tokenizer::{IncrementalDecoder, Tokenizer};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::{Completion, Event, Request};
+use crate::generate::FinishReason;
+use crate::sampler::Sampler;
+use crate::stop::StopStrings;
+
+pub(super) struct Seq<'t> {
+    /// KV cache id, unique for the engine's lifetime.
+    pub id: String,
+    /// Arrival order: scheduling is first-come-first-served and preemption
+    /// takes the newest.
+    pub arrival: u64,
+    /// Prompt then generated tokens; the last one may not be in the cache yet.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Leading tokens whose K/V are in the cache.
+    pub computed: usize,
+    /// Whether the model holds a cache for this sequence.
+    pub has_cache: bool,
+    pub cached_tokens: usize,
+    max_tokens: usize,
+    capacity: usize,
+    sampler: Sampler,
+    decoder: IncrementalDecoder<'t>,
+    stops: StopStrings,
+    stop_tokens: Vec<u32>,
+    want_logprobs: bool,
+    pub events: UnboundedSender<Event>,
+    pub submitted: Instant,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+}
+
+impl<'t> Seq<'t> {
+    pub fn new(
+        tok: &'t Tokenizer,
+        req: Request,
+        events: UnboundedSender<Event>,
+        arrival: u64,
+        capacity: usize,
+    ) -> Self {
+        let mut stop_tokens = req.stop_tokens;
+        stop_tokens.extend(tok.special().stop.iter().copied());
+        Self {
+            id: format!("seq{arrival}"),
+            arrival,
+            prompt_len: req.prompt.len(),
+            sampler: Sampler::new(req.sampling.clone(), &req.prompt),
+            want_logprobs: req.sampling.top_logprobs > 0,
+            tokens: req.prompt,
+            computed: 0,
+            has_cache: false,
+            cached_tokens: 0,
+            max_tokens: req.max_tokens,
+            capacity,
+            decoder: tok.incremental_decoder(),
+            stops: StopStrings::new(req.stop_strings),
+            stop_tokens,
+            events,
+            submitted: Instant::now(),
+            first_token: None,
+            last_token: None,
+        }
+    }
+
+    pub fn max_tokens_is_zero(&self) -> bool {
+        self.max_tokens == 0
+    }
+
+    /// Tokens not yet in the cache.
+    pub fn pending(&self) -> usize {
+        self.tokens.len() - self.computed
+    }
+
+    /// Whether the client is gone.
+    pub fn cancelled(&self) -> bool {
+        self.events.is_closed()
+    }
+
+    pub fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    /// Samples the next token from the logits after the last token and
+    /// reports it. Returns the finish reason when the request has ended
+    /// (its final events are sent).
+    pub fn on_logits(&mut self, logits: &mut [f32]) -> Option<FinishReason> {
+        let now = Instant::now();
+        match self.last_token {
+            None => metrics::histogram!("ferrum_time_to_first_token_seconds")
+                .record((now - self.submitted).as_secs_f64()),
+            Some(t) => metrics::histogram!("ferrum_inter_token_latency_seconds")
+                .record((now - t).as_secs_f64()),
+        }
+        self.first_token.get_or_insert(now);
+        self.last_token = Some(now);
+        let s = self.sampler.sample(logits);
+        let token = s.token;
+        self.sampler.accept(token);
+        if self.stop_tokens.contains(&token) {
+            return Some(self.finish(FinishReason::Stop, false));
+        }
+        self.tokens.push(token);
+        metrics::counter!("ferrum_generation_tokens_total").increment(1);
+        let (text, stopped) = self.stops.push(&self.decoder.push(token));
+        let logprob = self.want_logprobs.then_some(s);
+        let _ = self.events.send(Event::Token {
+            token,
+            text,
+            logprob,
+        });
+        if stopped {
+            return Some(self.finish(FinishReason::Stop, true));
+        }
+        if self.generated() >= self.max_tokens || self.tokens.len() >= self.capacity {
+            return Some(self.finish(FinishReason::Length, false));
+        }
+        None
+    }
+
+    fn finish(&mut self, reason: FinishReason, stop_string_hit: bool) -> FinishReason {
+        // Text held back as a possible stop-string prefix is real output
+        // unless a stop string actually matched.
+        if !stop_string_hit {
+            let rest = self.stops.push(&self.decoder.finish()).0 + &self.stops.finish();
+            if !rest.is_empty() {
+                let _ = self.events.send(Event::Text(rest));
+            }
+        }
+        let n = self.generated();
+        if let (Some(first), Some(last)) = (self.first_token, self.last_token) {
+            if n > 1 {
+                metrics::histogram!("ferrum_time_per_output_token_seconds")
+                    .record((last - first).as_secs_f64() / (n - 1) as f64);
+            }
+        }
+        let _ = self.events.send(Event::Done(Completion {
+            finish: reason,
+            prompt_tokens: self.prompt_len,
+            completion_tokens: n,
+            cached_tokens: self.cached_tokens,
+        }));
+        reason
+    }
+}

@@ -1,0 +1,131 @@
+//! The model's KV storage: one paged K and V pool per layer, shared by all
+//! sequences, with a [`BlockManager`] saying which blocks hold what.
+
+use ferrum_kernels::{Backend, PagedKv};
+use ferrum_kv::{BlockCopy, BlockManager};
+use ferrum_types::{FerrumError, Result, TensorRef};
+
+use crate::llm::KvPoolConfig;
+
+pub(super) struct KvStore<B: Backend> {
+    pub k: Vec<B::Buffer>,
+    pub v: Vec<B::Buffer>,
+    pub blocks: BlockManager,
+    nkv: usize,
+    hd: usize,
+}
+
+impl<B: Backend> KvStore<B> {
+    /// Pools for `tokens` positions in `cfg.block_size` blocks. On the CPU
+    /// the pools are zero pages the OS maps on first write, so an unused
+    /// pool costs address space, not memory.
+    pub fn new(layers: usize, nkv: usize, hd: usize, cfg: &KvPoolConfig, tokens: usize) -> Self {
+        let bs = cfg.block_size.max(1);
+        let blocks = tokens.div_ceil(bs).max(1);
+        let len = blocks * nkv * bs * hd;
+        Self {
+            k: (0..layers).map(|_| B::alloc(len)).collect(),
+            v: (0..layers).map(|_| B::alloc(len)).collect(),
+            blocks: BlockManager::new(blocks, bs, cfg.prefix_caching),
+            nkv,
+            hd,
+        }
+    }
+
+    pub fn pages<'a>(&'a self, seq: &str) -> PagedKv<'a> {
+        PagedKv {
+            block_table: self.blocks.table(seq),
+            block_size: self.blocks.block_size(),
+        }
+    }
+
+    /// Performs copy-on-write copies in every layer.
+    pub fn copy_blocks(&mut self, ctx: &mut B::Context, copies: &[BlockCopy]) {
+        let n = self.nkv * self.blocks.block_size() * self.hd;
+        for c in copies {
+            let (src, dst) = (c.src as usize * n, c.dst as usize * n);
+            for pool in self.k.iter_mut().chain(self.v.iter_mut()) {
+                // Source and destination are distinct blocks of one buffer:
+                // stage through a copy so the borrow rules hold on every
+                // backend.
+                let tmp = {
+                    let mut t = B::alloc(n);
+                    B::copy_slice(ctx, pool, src, &mut t, 0, n);
+                    t
+                };
+                B::copy_slice(ctx, &tmp, 0, pool, dst, n);
+            }
+        }
+    }
+
+    /// `seq`'s K/V, one `(K, V)` pair per layer of `[nkv, len, hd]`.
+    pub fn export(&self, seq: &str) -> Result<Vec<(TensorRef, TensorRef)>> {
+        if !self.blocks.contains(seq) {
+            return Err(FerrumError::invalid(format!(
+                "sequence {seq} has no KV cache"
+            )));
+        }
+        let len = self.blocks.len(seq);
+        let pages = self.pages(seq);
+        let (nkv, hd) = (self.nkv, self.hd);
+        let ctx = &mut B::new_context();
+        let take = |pool: &B::Buffer, ctx: &mut B::Context| {
+            let mut out = B::alloc(nkv * len * hd);
+            for h in 0..nkv {
+                for p0 in (0..len).step_by(pages.block_size) {
+                    let run = pages.block_size.min(len - p0) * hd;
+                    let src = pages.offset(p0, h, nkv, hd);
+                    B::copy_slice(ctx, pool, src, &mut out, (h * len + p0) * hd, run);
+                }
+            }
+            B::sync(ctx);
+            TensorRef::new(vec![nkv, len, hd], B::to_vec(&out, nkv * len * hd))
+        };
+        self.k
+            .iter()
+            .zip(&self.v)
+            .map(|(k, v)| Ok((take(k, ctx)?, take(v, ctx)?)))
+            .collect()
+    }
+
+    /// Installs `[nkv, len, hd]` K/V per layer as `seq`'s cache. The tokens
+    /// they came from are unknown, so these blocks never enter the prefix
+    /// cache.
+    pub fn import(&mut self, seq: &str, kv: &[(TensorRef, TensorRef)], len: usize) -> Result<()> {
+        let (nkv, hd) = (self.nkv, self.hd);
+        if kv.len() != self.k.len() {
+            return Err(FerrumError::invalid(format!(
+                "KV for {} layers given to a model of {}",
+                kv.len(),
+                self.k.len()
+            )));
+        }
+        for (k, v) in kv {
+            for t in [k, v] {
+                if t.shape() != [nkv, len, hd] {
+                    return Err(FerrumError::invalid(format!(
+                        "KV tensor of shape {:?}, expected {:?}",
+                        t.shape(),
+                        [nkv, len, hd]
+                    )));
+                }
+            }
+        }
+        self.blocks.release(seq);
+        self.blocks.reserve(seq, len)?;
+        let ctx = &mut B::new_context();
+        let bs = self.blocks.block_size();
+        let table = self.blocks.table(seq);
+        let pages = PagedKv {
+            block_table: table,
+            block_size: bs,
+        };
+        for ((kp, vp), (k, v)) in self.k.iter_mut().zip(self.v.iter_mut()).zip(kv) {
+            let (kb, vb) = (B::from_slice(k.data()), B::from_slice(v.data()));
+            B::paged_kv_append(ctx, kp, vp, &pages, 0, &kb, &vb, len, nkv, hd);
+        }
+        B::sync(ctx);
+        self.blocks.commit_opaque(seq, len);
+        Ok(())
+    }
+}
