@@ -7,6 +7,7 @@ use anyhow::{bail, Result};
 use ferrum_formats::gguf::GgufFile;
 use ferrum_models::llama::LlamaModel;
 use ferrum_models::DecoderOnlyLLM;
+use ferrum_models::KvPoolConfig;
 use ferrum_tokenizer::Tokenizer;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -131,8 +132,9 @@ impl ModelFiles {
         })
     }
 
-    /// Loads the weights onto `device`, with a spinner on stderr.
-    pub fn load_llm(&self, device: Device) -> Result<Box<dyn DecoderOnlyLLM>> {
+    /// Loads the weights onto `device` with a KV pool sized by `pool`, with
+    /// a spinner on stderr.
+    pub fn load_llm(&self, device: Device, pool: &KvPoolConfig) -> Result<Box<dyn DecoderOnlyLLM>> {
         device.init()?;
         let bar = ProgressBar::new_spinner();
         bar.set_style(
@@ -142,10 +144,38 @@ impl ModelFiles {
         bar.set_message("loading model");
         bar.enable_steady_tick(Duration::from_millis(120));
         let model: Result<Box<dyn DecoderOnlyLLM>> = on_device!(device, |B| match self {
-            Self::Gguf(g) => Ok(Box::new(LlamaModel::<B>::from_gguf(g)?)),
-            Self::HfDir(d) => Ok(Box::new(LlamaModel::<B>::from_hf_dir(d)?)),
+            Self::Gguf(g) => Ok(Box::new(LlamaModel::<B>::from_gguf(g)?.with_kv_pool(pool))),
+            Self::HfDir(d) => Ok(Box::new(
+                LlamaModel::<B>::from_hf_dir(d)?.with_kv_pool(pool)
+            )),
         });
         bar.finish_and_clear();
         model
+    }
+}
+
+/// KV-cache options shared by the commands that generate.
+#[derive(clap::Args, Clone, Debug)]
+pub struct KvArgs {
+    /// Positions in the shared paged KV pool, all sequences together
+    /// (default: FERRUM_KV_CACHE_TOKENS, else 4 x the per-sequence capacity).
+    #[arg(long)]
+    pub kv_cache_tokens: Option<usize>,
+    /// Positions per KV block (default: 16 on the CPU; one block per
+    /// sequence on CUDA until its paged kernels land).
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    /// Do not keep and share KV blocks of earlier prompts.
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+}
+
+impl KvArgs {
+    pub fn pool(&self) -> KvPoolConfig {
+        KvPoolConfig {
+            tokens: self.kv_cache_tokens.unwrap_or(0),
+            block_size: self.block_size.unwrap_or(0),
+            prefix_caching: !self.no_prefix_caching,
+        }
     }
 }

@@ -1,17 +1,17 @@
 //! Generation on top of [`ferrum_models::DecoderOnlyLLM`]: sampling, stop
-//! conditions, the single-sequence generation loop and the batching
+//! conditions, and the batching
 //! [`Engine`] that `ferrum run` and `ferrum serve` use.
 
 pub mod decode_executor;
 pub mod embedding;
 pub mod engine;
-pub mod generate;
+pub mod finish;
 pub mod sampler;
 pub mod stop;
 
 pub use decode_executor::GenericDecodeExecutor;
 pub use embedding::{EmbedInput, Embedder, Embedding, Prepared};
 pub use engine::{Completion, Engine, EngineConfig, EngineStats, Event, Request};
-pub use generate::{generate, FinishReason, GenerateOutput, GenerateRequest};
+pub use finish::FinishReason;
 pub use sampler::{Sampled, Sampler, SamplingParams};
 pub use stop::StopStrings;

@@ -382,6 +382,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
         cfg: &AttnConfig,
     );
 
+    /// The KV block size models use on this backend when none is
+    /// configured, for sequences of at most `capacity` positions. The
+    /// default, one block per sequence, suits backends that run the generic
+    /// gather path below (one copy per KV head and layer, not one per
+    /// block); backends with paged kernels return a small block size.
+    fn kv_block_size(capacity: usize) -> usize {
+        capacity.max(1)
+    }
+
     /// [`Backend::flash_attention`] for one sequence whose K/V live in a
     /// paged pool (see [`PagedKv`]): `q` is `[heads, q_len, head_dim]`, keys
     /// `0..kv_len` are read through the block table, `cfg.kv_seq_stride` is

@@ -46,7 +46,8 @@ pub struct KvPoolConfig {
     /// Positions in the pool over all sequences; 0 picks the default
     /// (`FERRUM_KV_CACHE_TOKENS`, else four sequences at full capacity).
     pub tokens: usize,
-    /// Positions per block.
+    /// Positions per block; 0 lets the backend choose
+    /// (`Backend::kv_block_size`: 16 on the CPU).
     pub block_size: usize,
     /// Keep and share full blocks of earlier prompts.
     pub prefix_caching: bool,
@@ -56,7 +57,7 @@ impl Default for KvPoolConfig {
     fn default() -> Self {
         Self {
             tokens: 0,
-            block_size: ferrum_kv::DEFAULT_BLOCK_SIZE,
+            block_size: 0,
             prefix_caching: true,
         }
     }

@@ -29,7 +29,10 @@ pub async fn health(State(s): State<Shared>) -> impl IntoResponse {
 
 pub async fn metrics(State(s): State<Shared>) -> impl IntoResponse {
     metrics::gauge!("ferrum_requests_pending").set(s.load.pending.load(Ordering::SeqCst) as f64);
-    metrics::gauge!("ferrum_kv_caches_live").set(s.load.live_caches.load(Ordering::SeqCst) as f64);
+    if let Some(Ready::Llm { engine, .. }) = s.ready.get() {
+        let st = engine.stats();
+        metrics::gauge!("ferrum_kv_caches_live").set(st.get(&st.live_caches) as f64);
+    }
     metrics::gauge!("ferrum_model_ready").set(if s.ready.get().is_some() { 1.0 } else { 0.0 });
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

@@ -25,7 +25,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use ferrum_engine::Embedder;
+pub use ferrum_engine::EngineConfig;
+use ferrum_engine::{Embedder, Engine};
 use ferrum_kernels::CpuBackend;
 use ferrum_models::DecoderOnlyLLM;
 use ferrum_tokenizer::chat::ChatTemplate;
@@ -51,6 +52,8 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// After SIGINT/SIGTERM, how long in-flight requests may take to finish.
     pub shutdown_timeout: Duration,
+    /// Batching limits of the generation engine.
+    pub engine: EngineConfig,
 }
 
 /// A model ready to serve.
@@ -75,6 +78,7 @@ enum Ready {
         tok: Arc<Tokenizer>,
         template: Option<ChatTemplate>,
         capacity: usize,
+        engine: Engine,
     },
     Embed {
         jobs: mpsc::UnboundedSender<embed_worker::EmbedJob>,
@@ -221,13 +225,15 @@ pub async fn serve(cfg: ServeConfig, loader: Loader) -> Result<(), String> {
                         None => None,
                     };
                     let tok = Arc::new(tokenizer);
-                    let jobs = worker::spawn(model, tok.clone(), state.load.clone())
-                        .map_err(|e| format!("cannot start the model thread: {e}"))?;
+                    let engine = Engine::start(model, tok.clone(), state.cfg.engine.clone())
+                        .map_err(|e| e.to_string())?;
+                    let jobs = worker::spawn(engine.clone(), state.load.clone());
                     Ready::Llm {
                         jobs,
                         tok,
                         template,
                         capacity,
+                        engine,
                     }
                 }
                 LoadedModel::Embedding(e) => {

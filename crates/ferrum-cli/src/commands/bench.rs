@@ -178,7 +178,10 @@ fn measure_all(args: BenchArgs) -> Result<()> {
             let name = path
                 .file_name()
                 .map_or_else(|| args.model.clone(), |n| n.to_string_lossy().into_owned());
-            (name, files.load_llm(args.device)?)
+            (
+                name,
+                files.load_llm(args.device, &ferrum_models::KvPoolConfig::default())?,
+            )
         }
     };
     let vocab = model.config().vocab_size;

@@ -3,15 +3,15 @@
 use std::io::{BufRead, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use ferrum_engine::{generate, GenerateOutput, GenerateRequest, SamplingParams};
-use ferrum_models::DecoderOnlyLLM;
+use ferrum_engine::{Engine, EngineConfig, Event, Request, SamplingParams};
 use ferrum_tokenizer::chat::{ChatOptions, ChatTemplate, Message};
 use ferrum_tokenizer::Tokenizer;
 
-use crate::model_files::{resolve, Device, ModelFiles, DEFAULT_MODEL};
+use crate::model_files::{resolve, Device, KvArgs, ModelFiles, DEFAULT_MODEL};
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -51,6 +51,8 @@ pub struct RunArgs {
     /// Stop when this text appears (repeatable).
     #[arg(long)]
     stop: Vec<String>,
+    #[command(flatten)]
+    kv: KvArgs,
 }
 
 impl RunArgs {
@@ -82,7 +84,9 @@ pub fn run(args: RunArgs) -> Result<()> {
             args.model
         );
     }
-    let mut model = files.load_llm(args.device)?;
+    let model = files.load_llm(args.device, &args.kv.pool())?;
+    let tok = Arc::new(tok);
+    let engine = Engine::start(model, tok.clone(), EngineConfig::default())?;
     // Ctrl-C stops the answer being generated; at the input prompt it exits.
     let generating = Arc::new(AtomicBool::new(false));
     let interrupted = Arc::new(AtomicBool::new(false));
@@ -100,32 +104,30 @@ pub fn run(args: RunArgs) -> Result<()> {
     let session = Session {
         args: &args,
         tok: &tok,
+        engine,
         template: template.as_ref(),
         generating,
         interrupted,
     };
     match &args.prompt {
-        Some(p) if !args.chat => session.one_shot(model.as_mut(), p),
+        Some(p) if !args.chat => session.one_shot(p),
         Some(p) => {
             let mut conv = session.start();
             conv.push(Message::new("user", p.clone()));
-            session
-                .answer(model.as_mut(), &mut conv, &mut Vec::new())
-                .map(|_| ())
+            session.answer(&mut conv)
         }
-        None => session.repl(model.as_mut()),
+        None => session.repl(),
     }
 }
 
 struct Session<'a> {
     args: &'a RunArgs,
     tok: &'a Tokenizer,
+    engine: Engine,
     template: Option<&'a ChatTemplate>,
     generating: Arc<AtomicBool>,
     interrupted: Arc<AtomicBool>,
 }
-
-const CACHE_ID: &str = "chat";
 
 impl Session<'_> {
     fn start(&self) -> Vec<Message> {
@@ -136,13 +138,10 @@ impl Session<'_> {
             .collect()
     }
 
-    fn generate(
-        &self,
-        model: &mut dyn DecoderOnlyLLM,
-        prompt: Vec<u32>,
-        cached: usize,
-    ) -> Result<GenerateOutput> {
-        let req = GenerateRequest {
+    /// Streams one answer to stdout and returns its text. Earlier turns of
+    /// a chat are not recomputed: the engine's prefix cache holds them.
+    fn generate(&self, prompt: Vec<u32>) -> Result<String> {
+        let req = Request {
             prompt,
             max_tokens: self.args.max_tokens,
             sampling: self.args.sampling(),
@@ -151,41 +150,73 @@ impl Session<'_> {
         };
         self.interrupted.store(false, Ordering::SeqCst);
         self.generating.store(true, Ordering::SeqCst);
-        let mut stdout = std::io::stdout();
-        let out = generate(model, self.tok, CACHE_ID, cached, &req, |text| {
-            let _ = stdout.write_all(text.as_bytes());
-            let _ = stdout.flush();
-            !self.interrupted.load(Ordering::SeqCst)
-        });
+        let result = self.stream(req);
         self.generating.store(false, Ordering::SeqCst);
-        let out = out?;
-        let n = out.tokens.len();
-        let tps = |k: usize, d: std::time::Duration| k as f64 / d.as_secs_f64().max(1e-9);
-        tracing::info!(
-            prompt_tokens = out.prompt_tokens,
-            prefill_tok_s = format!("{:.1}", tps(out.prompt_tokens - cached, out.prefill_time)),
-            generated = n,
-            decode_tok_s = format!("{:.1}", tps(n.saturating_sub(1), out.decode_time)),
-            finish = out.finish_reason.as_str(),
-        );
-        Ok(out)
+        result
     }
 
-    fn one_shot(&self, model: &mut dyn DecoderOnlyLLM, prompt: &str) -> Result<()> {
+    fn stream(&self, req: Request) -> Result<String> {
+        let start = Instant::now();
+        let mut rx = self.engine.submit(req)?;
+        let mut stdout = std::io::stdout();
+        let mut text = String::new();
+        let (mut first, mut n) = (None, 0usize);
+        let mut print = |t: &str, text: &mut String| {
+            let _ = stdout.write_all(t.as_bytes());
+            let _ = stdout.flush();
+            text.push_str(t);
+        };
+        loop {
+            if self.interrupted.load(Ordering::SeqCst) {
+                // Dropping the stream cancels the request in the engine.
+                tracing::info!(generated = n, finish = "cancelled");
+                return Ok(text);
+            }
+            // Poll so Ctrl-C is noticed while the engine is busy.
+            let ev = match rx.try_recv() {
+                Ok(ev) => ev,
+                Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
+                    std::thread::sleep(Duration::from_millis(2));
+                    continue;
+                }
+                Err(_) => return Err(anyhow!("the engine stopped")),
+            };
+            match ev {
+                Event::Token { text: t, .. } => {
+                    first.get_or_insert_with(Instant::now);
+                    n += 1;
+                    print(&t, &mut text);
+                }
+                Event::Text(t) => print(&t, &mut text),
+                Event::Done(c) => {
+                    let ttft = first.map_or(Duration::ZERO, |f| f - start);
+                    let decode = first.map_or(Duration::ZERO, |f| f.elapsed());
+                    let tps = |k: usize, d: Duration| k as f64 / d.as_secs_f64().max(1e-9);
+                    tracing::info!(
+                        prompt_tokens = c.prompt_tokens,
+                        cached_tokens = c.cached_tokens,
+                        prefill_tok_s =
+                            format!("{:.1}", tps(c.prompt_tokens - c.cached_tokens, ttft)),
+                        generated = c.completion_tokens,
+                        decode_tok_s = format!("{:.1}", tps(n.saturating_sub(1), decode)),
+                        finish = c.finish.as_str(),
+                    );
+                    return Ok(text);
+                }
+                Event::Error(e) => return Err(anyhow!(e)),
+            }
+        }
+    }
+
+    fn one_shot(&self, prompt: &str) -> Result<()> {
         let ids = self.tok.encode(prompt, true, false)?;
-        self.generate(model, ids, 0)?;
+        self.generate(ids)?;
         println!();
         Ok(())
     }
 
-    /// Renders the conversation, reuses the cached prefix, generates and
-    /// appends the answer. `cached` holds the tokens now in the KV cache.
-    fn answer(
-        &self,
-        model: &mut dyn DecoderOnlyLLM,
-        conv: &mut Vec<Message>,
-        cached: &mut Vec<u32>,
-    ) -> Result<()> {
+    /// Renders the conversation, generates and appends the answer.
+    fn answer(&self, conv: &mut Vec<Message>) -> Result<()> {
         let Some(template) = self.template else {
             bail!("no chat template")
         };
@@ -205,33 +236,18 @@ impl Session<'_> {
         let prompt = self
             .tok
             .encode(&template.render(conv, &opts)?, false, true)?;
-        // Keep the longest cached prefix the new prompt still starts with
-        // (and at least one new token to prefill).
-        let common = cached
-            .iter()
-            .zip(&prompt)
-            .take_while(|(a, b)| a == b)
-            .count()
-            .min(prompt.len() - 1);
-        let out = self.generate(model, prompt.clone(), common)?;
+        let text = self.generate(prompt)?;
         println!();
-        let kv = model.kv_len(CACHE_ID);
-        *cached = prompt
-            .into_iter()
-            .chain(out.tokens.iter().copied())
-            .take(kv)
-            .collect();
-        conv.push(Message::new("assistant", out.text));
+        conv.push(Message::new("assistant", text));
         Ok(())
     }
 
-    fn repl(&self, model: &mut dyn DecoderOnlyLLM) -> Result<()> {
+    fn repl(&self) -> Result<()> {
         eprintln!(
             "Chatting with {}. /clear starts over, /bye (or Ctrl-D) quits, Ctrl-C stops an answer.",
             self.args.model
         );
         let mut conv = self.start();
-        let mut cached = Vec::new();
         let stdin = std::io::stdin();
         loop {
             eprint!(">>> ");
@@ -244,14 +260,12 @@ impl Session<'_> {
                 "/bye" | "/exit" | "/quit" => break,
                 "/clear" => {
                     conv = self.start();
-                    cached.clear();
-                    model.release(CACHE_ID);
                     eprintln!("(conversation cleared)");
                     continue;
                 }
                 text => conv.push(Message::new("user", text)),
             }
-            if let Err(e) = self.answer(model, &mut conv, &mut cached) {
+            if let Err(e) = self.answer(&mut conv) {
                 // Keep the session alive: drop the turn that failed.
                 conv.pop();
                 eprintln!("error: {e:#}");

@@ -4,11 +4,11 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 use clap::Args;
-use ferrum_engine::Embedder;
+use ferrum_engine::{Embedder, EngineConfig};
 use ferrum_kernels::CpuBackend;
 use ferrum_server::{LoadedModel, ServeConfig};
 
-use crate::model_files::{resolve, Device, ModelFiles, DEFAULT_MODEL};
+use crate::model_files::{resolve, Device, KvArgs, ModelFiles, DEFAULT_MODEL};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -39,6 +39,15 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get to finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30)]
     shutdown_timeout: u64,
+    /// Sequences batched together in one engine step.
+    #[arg(long, default_value_t = EngineConfig::default().max_num_seqs)]
+    max_num_seqs: usize,
+    /// Tokens per engine step (prefill chunks + decodes); longer prompts
+    /// are prefilled in chunks of this size between decode steps.
+    #[arg(long, default_value_t = EngineConfig::default().max_num_batched_tokens)]
+    max_num_batched_tokens: usize,
+    #[command(flatten)]
+    kv: KvArgs,
 }
 
 fn is_encoder(dir: &std::path::Path) -> bool {
@@ -63,7 +72,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_queue: args.max_queue.max(1),
         max_body_bytes: args.max_body_bytes,
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
+        engine: EngineConfig {
+            max_num_seqs: args.max_num_seqs.max(1),
+            max_num_batched_tokens: args.max_num_batched_tokens.max(1),
+            threads: None,
+        },
     };
+    let pool = args.kv.pool();
     let loader = Box::new(move || -> Result<LoadedModel, String> {
         let load = || -> Result<LoadedModel> {
             if path.is_dir() && is_encoder(&path) {
@@ -72,7 +87,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             let files = ModelFiles::open(&path)?;
             Ok(LoadedModel::Llm {
                 tokenizer: files.tokenizer()?,
-                model: files.load_llm(args.device)?,
+                model: files.load_llm(args.device, &pool)?,
             })
         };
         load().map_err(|e| format!("{e:#}"))

@@ -18,7 +18,7 @@ use ferrum_tokenizer::Tokenizer;
 use ferrum_types::{FerrumError, Result};
 use tokio::sync::mpsc as tmpsc;
 
-use crate::generate::FinishReason;
+use crate::finish::FinishReason;
 use crate::sampler::{Sampled, SamplingParams};
 
 /// Scheduling limits (vLLM's names and meanings).

@@ -21,7 +21,7 @@ use ferrum_types::Result;
 
 use super::sequence::Seq;
 use super::{Completion, EngineConfig, EngineStats, Event, Submission};
-use crate::generate::FinishReason;
+use crate::finish::FinishReason;
 
 /// One sequence's share of a step: `tokens` new positions.
 struct Planned {

@@ -7,7 +7,7 @@ use ferrum_tokenizer::{IncrementalDecoder, Tokenizer};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::{Completion, Event, Request};
-use crate::generate::FinishReason;
+use crate::finish::FinishReason;
 use crate::sampler::Sampler;
 use crate::stop::StopStrings;
 

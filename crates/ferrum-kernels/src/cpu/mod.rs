@@ -247,6 +247,12 @@ impl Backend for CpuBackend {
         attention::flash_attention(q, k, v, out, batch, q_len, kv_len, pos_offset, cfg);
     }
 
+    /// Small blocks: little waste per sequence and fine-grained prefix
+    /// sharing; the CPU kernel reads K/V through the table directly.
+    fn kv_block_size(_capacity: usize) -> usize {
+        16
+    }
+
     fn paged_attention(
         _ctx: &mut Self::Context,
         q: &Self::Buffer,

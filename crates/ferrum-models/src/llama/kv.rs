@@ -16,11 +16,22 @@ pub(super) struct KvStore<B: Backend> {
 }
 
 impl<B: Backend> KvStore<B> {
-    /// Pools for `tokens` positions in `cfg.block_size` blocks. On the CPU
-    /// the pools are zero pages the OS maps on first write, so an unused
-    /// pool costs address space, not memory.
-    pub fn new(layers: usize, nkv: usize, hd: usize, cfg: &KvPoolConfig, tokens: usize) -> Self {
-        let bs = cfg.block_size.max(1);
+    /// Pools for `tokens` positions in `cfg.block_size` blocks (0: the
+    /// backend's choice for sequences of `capacity`). On the CPU the pools
+    /// are zero pages the OS maps on first write, so an unused pool costs
+    /// address space, not memory.
+    pub fn new(
+        layers: usize,
+        nkv: usize,
+        hd: usize,
+        cfg: &KvPoolConfig,
+        tokens: usize,
+        capacity: usize,
+    ) -> Self {
+        let bs = match cfg.block_size {
+            0 => B::kv_block_size(capacity),
+            b => b,
+        };
         let blocks = tokens.div_ceil(bs).max(1);
         let len = blocks * nkv * bs * hd;
         Self {

@@ -190,7 +190,14 @@ impl<B: Backend> LlamaModel<B> {
         };
         let pool = KvPoolConfig::default();
         let tokens = pool.resolve_tokens(kv_capacity, false);
-        let kv = KvStore::new(cfg.layers, cfg.kv_heads, cfg.head_dim, &pool, tokens);
+        let kv = KvStore::new(
+            cfg.layers,
+            cfg.kv_heads,
+            cfg.head_dim,
+            &pool,
+            tokens,
+            kv_capacity,
+        );
         Self {
             cfg,
             rt,
@@ -219,7 +226,14 @@ impl<B: Backend> LlamaModel<B> {
         // Free the old pools before allocating the new ones.
         self.kv.k.clear();
         self.kv.v.clear();
-        self.kv = KvStore::new(c.layers, c.kv_heads, c.head_dim, pool, tokens);
+        self.kv = KvStore::new(
+            c.layers,
+            c.kv_heads,
+            c.head_dim,
+            pool,
+            tokens,
+            self.kv_capacity,
+        );
         self
     }
 

@@ -1,0 +1,22 @@
+//! Why a request's generation ended.
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token or stop string (OpenAI's `stop`).
+    Stop,
+    /// `max_tokens` or the KV capacity was reached (OpenAI's `length`).
+    Length,
+    /// The caller's callback asked to stop (e.g. Ctrl-C).
+    Cancelled,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
