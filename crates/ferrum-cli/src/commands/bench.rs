@@ -19,7 +19,10 @@ use ferrum_types::GgmlType;
 use crate::model_files::{on_device, resolve, Device, ModelFiles, DEFAULT_MODEL};
 
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
+    #[command(subcommand)]
+    serve: Option<BenchCommand>,
     /// Where to run: cpu, cuda or cuda:N (needs a build with --features cuda).
     #[arg(long, default_value = "cpu")]
     device: Device,
@@ -54,6 +57,13 @@ pub struct BenchArgs {
     /// Print {"pp_tok_s","tg_tok_s","pp_std","tg_std"[,"batch","batch_tok_s","batch_std"]} as the last line.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(clap::Subcommand)]
+enum BenchCommand {
+    /// Load-test a running OpenAI-compatible server (like `vllm bench serve`):
+    /// TTFT, TPOT, ITL percentiles and throughput.
+    Serve(super::bench_serve::BenchServeArgs),
 }
 
 /// Mean and sample standard deviation.
@@ -153,6 +163,9 @@ fn random_model(preset: &str, ty: &str, device: Device) -> Result<Box<dyn Decode
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    if let Some(BenchCommand::Serve(a)) = args.serve {
+        return super::bench_serve::run(a);
+    }
     if args.threads == Some(0) {
         bail!("-t must be at least 1");
     }

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_serve;
 pub mod embed;
 pub mod inspect;
 pub mod perplexity;
