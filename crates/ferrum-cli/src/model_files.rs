@@ -144,10 +144,8 @@ impl ModelFiles {
         bar.set_message("loading model");
         bar.enable_steady_tick(Duration::from_millis(120));
         let model: Result<Box<dyn DecoderOnlyLLM>> = on_device!(device, |B| match self {
-            Self::Gguf(g) => Ok(Box::new(LlamaModel::<B>::from_gguf(g)?.with_kv_pool(pool))),
-            Self::HfDir(d) => Ok(Box::new(
-                LlamaModel::<B>::from_hf_dir(d)?.with_kv_pool(pool)
-            )),
+            Self::Gguf(g) => Ok(Box::new(LlamaModel::<B>::from_gguf_with(g, pool)?)),
+            Self::HfDir(d) => Ok(Box::new(LlamaModel::<B>::from_hf_dir_with(d, pool)?)),
         });
         bar.finish_and_clear();
         model

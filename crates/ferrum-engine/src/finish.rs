@@ -7,8 +7,6 @@ pub enum FinishReason {
     Stop,
     /// `max_tokens` or the KV capacity was reached (OpenAI's `length`).
     Length,
-    /// The caller's callback asked to stop (e.g. Ctrl-C).
-    Cancelled,
 }
 
 impl FinishReason {
@@ -16,7 +14,6 @@ impl FinishReason {
         match self {
             Self::Stop => "stop",
             Self::Length => "length",
-            Self::Cancelled => "cancelled",
         }
     }
 }

@@ -29,9 +29,7 @@ fn load(pool: KvPoolConfig) -> Option<(LlamaModel<CpuBackend>, Arc<Tokenizer>)> 
     }
     let g = GgufFile::open(&path).unwrap();
     let tok = Arc::new(Tokenizer::from_gguf(&g).unwrap());
-    let model = LlamaModel::<CpuBackend>::from_gguf(&g)
-        .unwrap()
-        .with_kv_pool(&pool);
+    let model = LlamaModel::<CpuBackend>::from_gguf_with(&g, &pool).unwrap();
     Some((model, tok))
 }
 

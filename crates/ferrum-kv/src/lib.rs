@@ -14,8 +14,3 @@
 mod manager;
 
 pub use manager::{BlockCopy, BlockManager, KvUsage};
-
-/// Positions per block unless configured otherwise (vLLM's default): small
-/// enough that a sequence wastes at most 15 positions, large enough that
-/// block-table lookups are rare inside the attention loop.
-pub const DEFAULT_BLOCK_SIZE: usize = 16;

@@ -66,23 +66,17 @@ impl Default for KvPoolConfig {
 impl KvPoolConfig {
     /// The pool size in tokens for a model whose sequences hold
     /// `kv_capacity`: `tokens`, else `FERRUM_KV_CACHE_TOKENS`, else four
-    /// sequences at full capacity. Below `kv_capacity` only when
-    /// `allow_small` (the caller then lowers the capacity to the pool).
-    pub fn resolve_tokens(&self, kv_capacity: usize, allow_small: bool) -> usize {
+    /// sequences at full capacity.
+    pub fn resolve_tokens(&self, kv_capacity: usize) -> usize {
         let from_env = || {
             std::env::var(KV_CACHE_TOKENS_ENV)
                 .ok()
                 .and_then(|v| v.trim().parse::<usize>().ok())
                 .filter(|&t| t > 0)
         };
-        let tokens = match self.tokens {
+        match self.tokens {
             0 => from_env().unwrap_or(4 * kv_capacity),
             t => t,
-        };
-        if allow_small {
-            tokens.max(1)
-        } else {
-            tokens.max(kv_capacity)
         }
     }
 }

@@ -149,32 +149,55 @@ pub struct LlamaModel<B: Backend> {
 }
 
 impl<B: Backend> LlamaModel<B> {
-    /// Loads a GGUF model.
+    /// Loads a GGUF model with the default KV pool.
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
-        let cfg = LlamaConfig::from_gguf(g)?;
-        let w = Weights::load(&Source::Gguf(g), &cfg).map_err(|e| g.error(e.to_string()))?;
-        Ok(Self::new(cfg, w))
+        Self::from_gguf_with(g, &KvPoolConfig::default())
     }
 
-    /// Loads a Hugging Face folder (`config.json` + safetensors).
+    /// Loads a GGUF model with a KV pool sized by `pool`.
+    pub fn from_gguf_with(g: &GgufFile, pool: &KvPoolConfig) -> Result<Self> {
+        let cfg = LlamaConfig::from_gguf(g)?;
+        let w = Weights::load(&Source::Gguf(g), &cfg).map_err(|e| g.error(e.to_string()))?;
+        Ok(Self::new(cfg, w, pool))
+    }
+
+    /// Loads a Hugging Face folder (`config.json` + safetensors) with the
+    /// default KV pool.
     pub fn from_hf_dir(dir: &Path) -> Result<Self> {
+        Self::from_hf_dir_with(dir, &KvPoolConfig::default())
+    }
+
+    /// Loads a Hugging Face folder with a KV pool sized by `pool`.
+    pub fn from_hf_dir_with(dir: &Path, pool: &KvPoolConfig) -> Result<Self> {
         let hf = HfConfig::load(dir.join("config.json"))?;
         let cfg = LlamaConfig::from_hf(&hf)?;
         let st = SafeTensors::open_dir(dir)?;
         let w = Weights::load(&Source::Hf(&st), &cfg)
             .map_err(|e| FerrumError::bad_file(dir, e.to_string()))?;
-        Ok(Self::new(cfg, w))
+        Ok(Self::new(cfg, w, pool))
     }
 
     /// A model of `cfg`'s shapes with random weights in `ty` blocks (see
     /// [`preset`]), for benchmarks.
     pub fn random(cfg: LlamaConfig, ty: ferrum_kernels::GgufQuantType, seed: u64) -> Result<Self> {
         let w = Weights::random(&cfg, ty, seed)?;
-        Ok(Self::new(cfg, w))
+        Ok(Self::new(cfg, w, &KvPoolConfig::default()))
     }
 
-    fn new(cfg: LlamaConfig, w: Weights<B>) -> Self {
-        let kv_capacity = kv_capacity_from_env(cfg.max_seq_len, DEFAULT_KV_CAPACITY);
+    /// A pool smaller than one sequence's capacity lowers that capacity to
+    /// the pool size.
+    fn new(cfg: LlamaConfig, w: Weights<B>, pool: &KvPoolConfig) -> Self {
+        let default_capacity = kv_capacity_from_env(cfg.max_seq_len, DEFAULT_KV_CAPACITY);
+        let tokens = pool.resolve_tokens(default_capacity);
+        let kv_capacity = default_capacity.min(tokens);
+        let kv = KvStore::new(
+            cfg.layers,
+            cfg.kv_heads,
+            cfg.head_dim,
+            pool,
+            tokens,
+            kv_capacity,
+        );
         let (cos, sin) = cfg.rope.tables(kv_capacity, cfg.head_dim);
         let local_rope = cfg.rope_local.as_ref().map(|r| {
             let (c, s) = r.tables(kv_capacity, cfg.head_dim);
@@ -188,16 +211,6 @@ impl<B: Backend> LlamaModel<B> {
             vocab_size: cfg.vocab,
             max_seq_len: cfg.max_seq_len,
         };
-        let pool = KvPoolConfig::default();
-        let tokens = pool.resolve_tokens(kv_capacity, false);
-        let kv = KvStore::new(
-            cfg.layers,
-            cfg.kv_heads,
-            cfg.head_dim,
-            &pool,
-            tokens,
-            kv_capacity,
-        );
         Self {
             cfg,
             rt,
@@ -214,27 +227,6 @@ impl<B: Backend> LlamaModel<B> {
 
     pub fn llama_config(&self) -> &LlamaConfig {
         &self.cfg
-    }
-
-    /// Replaces the KV pool (default: [`KvPoolConfig::default`]) with one
-    /// sized by `pool`, dropping every sequence. A pool smaller than one
-    /// sequence's capacity lowers that capacity to the pool size.
-    pub fn with_kv_pool(mut self, pool: &KvPoolConfig) -> Self {
-        let c = &self.cfg;
-        let tokens = pool.resolve_tokens(self.kv_capacity, true);
-        self.kv_capacity = self.kv_capacity.min(tokens);
-        // Free the old pools before allocating the new ones.
-        self.kv.k.clear();
-        self.kv.v.clear();
-        self.kv = KvStore::new(
-            c.layers,
-            c.kv_heads,
-            c.head_dim,
-            pool,
-            tokens,
-            self.kv_capacity,
-        );
-        self
     }
 
     /// Runs one forward pass over `segs` and returns, per segment, the
