@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Result};
+use ferrum_engine::Speculation;
 use ferrum_formats::gguf::GgufFile;
 use ferrum_models::llama::LlamaModel;
 use ferrum_models::DecoderOnlyLLM;
@@ -175,5 +176,37 @@ impl KvArgs {
             block_size: self.block_size.unwrap_or(0),
             prefix_caching: !self.no_prefix_caching,
         }
+    }
+}
+
+/// Speculative decoding options shared by `run` and `serve`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SpecArgs {
+    /// Speculative decoding with this draft model (smaller, same tokenizer),
+    /// run greedily; output is distributed exactly as without it.
+    #[arg(long, value_name = "MODEL")]
+    pub spec_draft: Option<String>,
+    /// Speculative decoding by prompt lookup: drafts are the tokens that
+    /// followed the latest earlier occurrence of the last 1-3 tokens.
+    #[arg(long, conflicts_with = "spec_draft")]
+    pub spec_ngram: bool,
+    /// Draft tokens verified per step.
+    #[arg(long, default_value_t = 4)]
+    pub spec_tokens: usize,
+}
+
+impl SpecArgs {
+    /// The engine's speculation settings (loads the draft model).
+    pub fn load(&self, device: Device) -> Result<Option<Speculation>> {
+        let k = self.spec_tokens.max(1);
+        if self.spec_ngram {
+            return Ok(Some(Speculation::ngram(3, k)));
+        }
+        let Some(draft) = &self.spec_draft else {
+            return Ok(None);
+        };
+        let files = ModelFiles::open(&resolve(draft)?)?;
+        let model = files.load_llm(device, &KvPoolConfig::default())?;
+        Ok(Some(Speculation::draft_model(model, k)))
     }
 }

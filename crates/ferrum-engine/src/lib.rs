@@ -11,7 +11,9 @@ pub mod stop;
 
 pub use decode_executor::GenericDecodeExecutor;
 pub use embedding::{EmbedInput, Embedder, Embedding, Prepared};
-pub use engine::{Completion, Engine, EngineConfig, EngineStats, Event, Request};
+pub use engine::{
+    Completion, Drafter, Engine, EngineConfig, EngineStats, Event, Request, Speculation,
+};
 pub use finish::FinishReason;
 pub use sampler::{Sampled, Sampler, SamplingParams};
 pub use stop::StopStrings;

@@ -175,8 +175,44 @@ impl Sampler {
         let token = if self.params.temperature == 0.0 {
             argmax(logits)
         } else {
-            self.draw(logits, max)
+            self.filter(logits, max);
+            self.pick(None).unwrap_or_else(|| argmax(logits))
         };
+        self.report(logits, token, lse)
+    }
+
+    /// Speculative decoding: checks a `draft` token proposed for these
+    /// `logits` by a deterministic drafter (n-gram lookup or a greedy draft
+    /// model, i.e. a point-mass proposal). Returns the token to emit and
+    /// whether it is the draft. Greedy: the draft is accepted iff it is the
+    /// argmax. Otherwise the standard rule for a point-mass proposal: accept
+    /// with probability `p(draft)` under this request's sampling
+    /// distribution, else draw from `p` with the draft removed and
+    /// renormalised; the emitted token is then distributed exactly as
+    /// [`Sampler::sample`] would draw it.
+    pub fn verify(&mut self, logits: &mut [f32], draft: u32) -> (Sampled, bool) {
+        self.apply_penalties(logits);
+        let (max, lse) = log_sum_exp(logits);
+        let token = if self.params.temperature == 0.0 {
+            argmax(logits)
+        } else {
+            self.filter(logits, max);
+            let total: f32 = self.cand.iter().map(|c| c.1).sum();
+            let p_draft = self
+                .cand
+                .iter()
+                .find(|c| c.0 == draft)
+                .map_or(0.0, |c| c.1 / total);
+            if self.rng.random::<f32>() < p_draft {
+                draft
+            } else {
+                self.pick(Some(draft)).unwrap_or(draft)
+            }
+        };
+        (self.report(logits, token, lse), token == draft)
+    }
+
+    fn report(&self, logits: &[f32], token: u32, lse: f32) -> Sampled {
         let logprob = logits
             .get(token as usize)
             .map_or(f32::NEG_INFINITY, |l| l - lse);
@@ -191,7 +227,9 @@ impl Sampler {
         }
     }
 
-    fn draw(&mut self, logits: &[f32], max: f32) -> u32 {
+    /// Fills `cand` with the tokens that survive temperature, top-k, top-p
+    /// and min-p, each with an unnormalised weight.
+    fn filter(&mut self, logits: &[f32], max: f32) {
         let p = &self.params;
         let inv_t = 1.0 / p.temperature;
         let cand = &mut self.cand;
@@ -246,15 +284,22 @@ impl Sampler {
             let best = cand.iter().map(|c| c.1).fold(0.0, f32::max);
             cand.retain(|c| c.1 >= p.min_p * best);
         }
-        let total: f32 = cand.iter().map(|c| c.1).sum();
+    }
+
+    /// Draws from `cand` in proportion to the weights, skipping `exclude`.
+    fn pick(&mut self, exclude: Option<u32>) -> Option<u32> {
+        let live = |c: &&(u32, f32)| Some(c.0) != exclude;
+        let total: f32 = self.cand.iter().filter(live).map(|c| c.1).sum();
         let mut r = self.rng.random::<f32>() * total;
-        for c in cand.iter() {
+        let mut last = None;
+        for c in self.cand.iter().filter(live) {
             r -= c.1;
+            last = Some(c.0);
             if r < 0.0 {
-                return c.0;
+                break;
             }
         }
-        cand.last().map_or_else(|| argmax(logits), |c| c.0)
+        last
     }
 }
 

@@ -253,3 +253,53 @@ fn invalid_requests_are_refused_before_queueing() {
     assert_eq!(out.done.completion_tokens, 0);
     assert_eq!(out.done.finish, FinishReason::Length);
 }
+
+fn engine_with(spec: ferrum_engine::Speculation) -> Option<Engine> {
+    let (model, tok) = load(KvPoolConfig::default())?;
+    let e = Engine::start_with(Box::new(model), tok, EngineConfig::default(), Some(spec));
+    Some(e.unwrap())
+}
+
+#[test]
+fn speculative_decoding_keeps_greedy_output() {
+    let Some(plain) = engine(KvPoolConfig::default(), EngineConfig::default()) else {
+        return;
+    };
+    let tok = plain.tokenizer().clone();
+    let prompts = [
+        "Copy this list exactly: apple, banana, cherry, apple, banana, cherry, apple, banana,",
+        "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):",
+        "The capital of France is",
+    ];
+    let want: Vec<Output> = prompts
+        .iter()
+        .map(|p| collect(plain.submit(request(&tok, p, 48)).unwrap()))
+        .collect();
+    let (draft, _) = load(KvPoolConfig::default()).unwrap();
+    for spec in [
+        ferrum_engine::Speculation::ngram(3, 4),
+        ferrum_engine::Speculation::draft_model(Box::new(draft), 4),
+    ] {
+        let e = engine_with(spec).unwrap();
+        for (p, w) in prompts.iter().zip(&want) {
+            let got = collect(e.submit(request(&tok, p, 48)).unwrap());
+            assert_eq!(&got, w, "{p:?} with speculation");
+        }
+        let s = e.stats();
+        let (drafted, accepted) = (s.get(&s.drafted), s.get(&s.accepted));
+        eprintln!("drafted {drafted}, accepted {accepted}");
+        assert!(
+            accepted > 0 && accepted <= drafted,
+            "{accepted} of {drafted}"
+        );
+        // Sampled requests take the accept/reject path; they must finish.
+        let mut r = request(&tok, prompts[0], 24);
+        r.sampling = SamplingParams {
+            seed: Some(1),
+            ..SamplingParams::default()
+        };
+        let out = collect(e.submit(r).unwrap());
+        assert!(out.done.completion_tokens > 0);
+        wait_idle(&e);
+    }
+}

@@ -216,3 +216,52 @@ fn invalid_settings_are_named() {
     }
     assert!(SamplingParams::default().validate().is_ok());
 }
+
+/// Speculative verification with a point-mass draft must emit tokens with
+/// exactly the distribution `sample` draws from, whatever the draft, and
+/// accept the draft with probability p(draft).
+#[test]
+fn verifying_a_draft_keeps_the_sampling_distribution() {
+    let logits = vec![1.0, 2.0, 0.0, 1.5, -0.5];
+    let n = 40_000;
+    for settings in [
+        params(1.0),
+        SamplingParams {
+            top_k: 3,
+            ..params(0.7)
+        },
+    ] {
+        let want = histogram(settings.clone(), &logits, 200_000);
+        for draft in 0..logits.len() as u32 {
+            let mut s = Sampler::new(settings.clone(), &[]);
+            let mut h = vec![0f64; logits.len()];
+            let mut accepted = 0usize;
+            for _ in 0..n {
+                let (out, acc) = s.verify(&mut logits.clone(), draft);
+                assert_eq!(acc, out.token == draft);
+                accepted += usize::from(acc);
+                h[out.token as usize] += 1.0 / n as f64;
+            }
+            for i in 0..logits.len() {
+                // 40k draws: standard error < 0.0025; 4 sigma.
+                assert!(
+                    (h[i] - want[i]).abs() < 0.01,
+                    "draft {draft}, token {i}: {} vs {} ({settings:?})",
+                    h[i],
+                    want[i]
+                );
+            }
+            let rate = accepted as f64 / n as f64;
+            assert!(
+                (rate - want[draft as usize]).abs() < 0.01,
+                "acceptance of {draft}"
+            );
+        }
+    }
+    // Greedy: accepted exactly when the draft is the argmax.
+    let mut s = Sampler::new(SamplingParams::greedy(), &[]);
+    assert_eq!(s.verify(&mut logits.clone(), 1).0.token, 1);
+    assert!(s.verify(&mut logits.clone(), 1).1);
+    let (out, acc) = s.verify(&mut logits.clone(), 3);
+    assert_eq!((out.token, acc), (1, false));
+}

@@ -26,7 +26,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 pub use ferrum_engine::EngineConfig;
-use ferrum_engine::{Embedder, Engine};
+use ferrum_engine::{Embedder, Engine, Speculation};
 use ferrum_kernels::CpuBackend;
 use ferrum_models::DecoderOnlyLLM;
 use ferrum_tokenizer::chat::ChatTemplate;
@@ -63,6 +63,7 @@ pub enum LoadedModel {
     Llm {
         model: Box<dyn DecoderOnlyLLM>,
         tokenizer: Tokenizer,
+        speculation: Option<Speculation>,
     },
     Embedding(Embedder<CpuBackend>),
 }
@@ -218,14 +219,19 @@ pub async fn serve(cfg: ServeConfig, loader: Loader) -> Result<(), String> {
         let state = state.clone();
         tokio::task::spawn_blocking(move || -> Result<(), String> {
             let ready = match loader()? {
-                LoadedModel::Llm { model, tokenizer } => {
+                LoadedModel::Llm {
+                    model,
+                    tokenizer,
+                    speculation,
+                } => {
                     let capacity = model.kv_capacity();
                     let template = match tokenizer.chat_template() {
                         Some(src) => Some(ChatTemplate::new(src).map_err(|e| e.to_string())?),
                         None => None,
                     };
                     let tok = Arc::new(tokenizer);
-                    let engine = Engine::start(model, tok.clone(), state.cfg.engine.clone())
+                    let cfg = state.cfg.engine.clone();
+                    let engine = Engine::start_with(model, tok.clone(), cfg, speculation)
                         .map_err(|e| e.to_string())?;
                     let jobs = worker::spawn(engine.clone(), state.load.clone());
                     Ready::Llm {

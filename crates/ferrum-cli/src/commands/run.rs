@@ -11,7 +11,7 @@ use ferrum_engine::{Engine, EngineConfig, Event, Request, SamplingParams};
 use ferrum_tokenizer::chat::{ChatOptions, ChatTemplate, Message};
 use ferrum_tokenizer::Tokenizer;
 
-use crate::model_files::{resolve, Device, KvArgs, ModelFiles, DEFAULT_MODEL};
+use crate::model_files::{resolve, Device, KvArgs, ModelFiles, SpecArgs, DEFAULT_MODEL};
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -53,6 +53,8 @@ pub struct RunArgs {
     stop: Vec<String>,
     #[command(flatten)]
     kv: KvArgs,
+    #[command(flatten)]
+    spec: SpecArgs,
 }
 
 impl RunArgs {
@@ -86,7 +88,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     let model = files.load_llm(args.device, &args.kv.pool())?;
     let tok = Arc::new(tok);
-    let engine = Engine::start(model, tok.clone(), EngineConfig::default())?;
+    let spec = args.spec.load(args.device)?;
+    let engine = Engine::start_with(model, tok.clone(), EngineConfig::default(), spec)?;
     // Ctrl-C stops the answer being generated; at the input prompt it exits.
     let generating = Arc::new(AtomicBool::new(false));
     let interrupted = Arc::new(AtomicBool::new(false));
@@ -189,6 +192,8 @@ impl Session<'_> {
                 }
                 Event::Text(t) => print(&t, &mut text),
                 Event::Done(c) => {
+                    let st = self.engine.stats();
+                    let (drafted, accepted) = (st.get(&st.drafted), st.get(&st.accepted));
                     let ttft = first.map_or(Duration::ZERO, |f| f - start);
                     let decode = first.map_or(Duration::ZERO, |f| f.elapsed());
                     let tps = |k: usize, d: Duration| k as f64 / d.as_secs_f64().max(1e-9);
@@ -200,6 +205,7 @@ impl Session<'_> {
                         generated = c.completion_tokens,
                         decode_tok_s = format!("{:.1}", tps(n.saturating_sub(1), decode)),
                         finish = c.finish.as_str(),
+                        spec_accepted = format!("{accepted}/{drafted}"),
                     );
                     return Ok(text);
                 }

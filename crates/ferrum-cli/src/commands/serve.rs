@@ -8,7 +8,7 @@ use ferrum_engine::{Embedder, EngineConfig};
 use ferrum_kernels::CpuBackend;
 use ferrum_server::{LoadedModel, ServeConfig};
 
-use crate::model_files::{resolve, Device, KvArgs, ModelFiles, DEFAULT_MODEL};
+use crate::model_files::{resolve, Device, KvArgs, ModelFiles, SpecArgs, DEFAULT_MODEL};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -48,6 +48,8 @@ pub struct ServeArgs {
     max_num_batched_tokens: usize,
     #[command(flatten)]
     kv: KvArgs,
+    #[command(flatten)]
+    spec: SpecArgs,
 }
 
 fn is_encoder(dir: &std::path::Path) -> bool {
@@ -88,6 +90,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             Ok(LoadedModel::Llm {
                 tokenizer: files.tokenizer()?,
                 model: files.load_llm(args.device, &pool)?,
+                speculation: args.spec.load(args.device)?,
             })
         };
         load().map_err(|e| format!("{e:#}"))

@@ -9,6 +9,7 @@
 
 mod scheduler;
 mod sequence;
+mod speculate;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
@@ -20,6 +21,7 @@ use tokio::sync::mpsc as tmpsc;
 
 use crate::finish::FinishReason;
 use crate::sampler::{Sampled, SamplingParams};
+pub use speculate::{Drafter, Speculation};
 
 /// Scheduling limits (vLLM's names and meanings).
 #[derive(Clone, Debug)]
@@ -93,6 +95,9 @@ pub struct EngineStats {
     /// Sequences holding KV blocks (0 when idle: nothing leaks).
     pub live_caches: AtomicUsize,
     pub preemptions: AtomicUsize,
+    /// Speculative decoding: draft tokens proposed, and accepted.
+    pub drafted: AtomicUsize,
+    pub accepted: AtomicUsize,
 }
 
 impl EngineStats {
@@ -123,6 +128,19 @@ impl Engine {
         tok: Arc<Tokenizer>,
         cfg: EngineConfig,
     ) -> Result<Self> {
+        Self::start_with(model, tok, cfg, None)
+    }
+
+    /// [`Engine::start`] with speculative decoding.
+    pub fn start_with(
+        model: Box<dyn DecoderOnlyLLM>,
+        tok: Arc<Tokenizer>,
+        cfg: EngineConfig,
+        spec: Option<Speculation>,
+    ) -> Result<Self> {
+        if let Some(s) = &spec {
+            s.check_vocab(model.config().vocab_size)?;
+        }
         let capacity = model.kv_capacity();
         let stats = Arc::new(EngineStats::default());
         let (tx, rx) = mpsc::channel();
@@ -131,7 +149,7 @@ impl Engine {
             .name("ferrum-engine".into())
             .spawn(move || {
                 let threads = cfg.threads;
-                let run = move || scheduler::Loop::new(model, &tk, cfg, st).run(rx);
+                let run = move || scheduler::Loop::new(model, &tk, cfg, st, spec).run(rx);
                 if let Err(e) = ferrum_kernels::cpu::on_pool(threads, run) {
                     tracing::error!("cannot start the model's CPU threads: {e}");
                 }

@@ -20,6 +20,7 @@ use ferrum_tokenizer::Tokenizer;
 use ferrum_types::Result;
 
 use super::sequence::Seq;
+use super::speculate::Speculation;
 use super::{Completion, EngineConfig, EngineStats, Event, Submission};
 use crate::finish::FinishReason;
 
@@ -39,6 +40,7 @@ pub(super) struct Loop<'t> {
     waiting: VecDeque<Seq<'t>>,
     running: Vec<Seq<'t>>,
     arrivals: u64,
+    spec: Option<Speculation>,
 }
 
 impl<'t> Loop<'t> {
@@ -47,6 +49,7 @@ impl<'t> Loop<'t> {
         tok: &'t Tokenizer,
         mut cfg: EngineConfig,
         stats: Arc<EngineStats>,
+        spec: Option<Speculation>,
     ) -> Self {
         cfg.max_num_seqs = cfg.max_num_seqs.max(1);
         // Every running decode must fit in a step.
@@ -61,6 +64,7 @@ impl<'t> Loop<'t> {
             waiting: VecDeque::new(),
             running: Vec::new(),
             arrivals: 0,
+            spec,
         }
     }
 
@@ -81,7 +85,10 @@ impl<'t> Loop<'t> {
             if plan.is_empty() {
                 continue;
             }
-            self.execute(&plan);
+            match self.draft(&plan) {
+                Some(draft) => self.execute_speculative(draft),
+                None => self.execute(&plan),
+            }
             self.publish();
         }
     }
@@ -239,6 +246,9 @@ impl<'t> Loop<'t> {
     }
 
     fn release(&mut self, s: &mut Seq) {
+        if let Some(spec) = &mut self.spec {
+            spec.release(&s.id);
+        }
         if s.has_cache {
             self.model.release(&s.id);
             s.has_cache = false;
@@ -294,6 +304,83 @@ impl<'t> Loop<'t> {
         finished.sort_unstable();
         for i in finished.into_iter().rev() {
             let mut s = self.running.remove(i);
+            self.release(&mut s);
+        }
+    }
+
+    /// Draft tokens for this step, when it speculates: speculation runs
+    /// when one request is decoding alone. Decoding one sequence is
+    /// memory-bound and leaves the cores idle, so verifying k drafts costs
+    /// about one step; a batch of decodes already uses the compute, and
+    /// verifying per sequence would undo the batching.
+    fn draft(&mut self, plan: &[Planned]) -> Option<Vec<u32>> {
+        let spec = self.spec.as_mut()?;
+        let [p] = plan else {
+            return None;
+        };
+        let s = &self.running[p.seq];
+        if self.running.len() != 1 || s.pending() != 1 {
+            return None;
+        }
+        // The last drafted position still needs room for its own logits.
+        let k = spec.tokens.min(s.remaining().saturating_sub(1));
+        if k == 0 {
+            return None;
+        }
+        let (id, tokens) = (s.id.clone(), s.tokens.clone());
+        let draft = catch_unwind(AssertUnwindSafe(|| spec.propose(&id, &tokens, k)))
+            .unwrap_or_else(|_| {
+                tracing::error!("the draft model panicked; decoding without speculation");
+                Vec::new()
+            });
+        let s = &self.running[p.seq];
+        let need = self
+            .model
+            .kv_blocks_needed(&s.id, s.computed + 1 + draft.len());
+        (!draft.is_empty() && need <= self.available_blocks()).then_some(draft)
+    }
+
+    /// Runs the one decoding sequence's pending token plus `draft` in one
+    /// pass, emits the accepted drafts and the model's own next token, and
+    /// rolls the KV cache back past the first rejected draft.
+    fn execute_speculative(&mut self, draft: Vec<u32>) {
+        let vocab = self.model.config().vocab_size;
+        let s = &mut self.running[0];
+        let pos = s.computed;
+        let mut toks = vec![s.tokens[pos]];
+        toks.extend_from_slice(&draft);
+        let model = &mut self.model;
+        let out = catch_unwind(AssertUnwindSafe(|| model.forward_verify(&s.id, &toks)));
+        let Ok(mut logits) = out else {
+            tracing::error!("the model panicked; its request failed, the engine goes on");
+            let s = self.running.remove(0);
+            self.fail(s, "internal error while generating");
+            return;
+        };
+        let mut accepted = 0;
+        let mut finished = None;
+        for (i, l) in logits.chunks_exact_mut(vocab).enumerate() {
+            if let Some(&d) = draft.get(i) {
+                let (fin, ok) = s.on_draft(l, d);
+                accepted += usize::from(ok);
+                finished = fin;
+                if fin.is_some() || !ok {
+                    break;
+                }
+            } else {
+                finished = s.on_logits(l);
+            }
+        }
+        // The cache holds the fed token and the accepted drafts; the token
+        // emitted last (a correction or the bonus) is pending.
+        s.computed = pos + 1 + accepted;
+        self.model.truncate_kv(&s.id, s.computed);
+        self.stats.drafted.fetch_add(draft.len(), Ordering::SeqCst);
+        self.stats.accepted.fetch_add(accepted, Ordering::SeqCst);
+        metrics::counter!("ferrum_spec_draft_tokens_total").increment(draft.len() as u64);
+        metrics::counter!("ferrum_spec_accepted_tokens_total").increment(accepted as u64);
+        if finished.is_some() {
+            let mut s = self.running.remove(0);
             self.release(&mut s);
         }
     }

@@ -8,7 +8,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::{Completion, Event, Request};
 use crate::finish::FinishReason;
-use crate::sampler::Sampler;
+use crate::sampler::{Sampled, Sampler};
 use crate::stop::StopStrings;
 
 pub(super) struct Seq<'t> {
@@ -92,6 +92,20 @@ impl<'t> Seq<'t> {
     /// reports it. Returns the finish reason when the request has ended
     /// (its final events are sent).
     pub fn on_logits(&mut self, logits: &mut [f32]) -> Option<FinishReason> {
+        self.record_timing();
+        let s = self.sampler.sample(logits);
+        self.emit(s)
+    }
+
+    /// Like [`Seq::on_logits`] for a position whose next token was drafted:
+    /// also says whether the draft was accepted.
+    pub fn on_draft(&mut self, logits: &mut [f32], draft: u32) -> (Option<FinishReason>, bool) {
+        self.record_timing();
+        let (s, accepted) = self.sampler.verify(logits, draft);
+        (self.emit(s), accepted)
+    }
+
+    fn record_timing(&mut self) {
         let now = Instant::now();
         match self.last_token {
             None => metrics::histogram!("ferrum_time_to_first_token_seconds")
@@ -101,7 +115,9 @@ impl<'t> Seq<'t> {
         }
         self.first_token.get_or_insert(now);
         self.last_token = Some(now);
-        let s = self.sampler.sample(logits);
+    }
+
+    fn emit(&mut self, s: Sampled) -> Option<FinishReason> {
         let token = s.token;
         self.sampler.accept(token);
         if self.stop_tokens.contains(&token) {
@@ -123,6 +139,13 @@ impl<'t> Seq<'t> {
             return Some(self.finish(FinishReason::Length, false));
         }
         None
+    }
+
+    /// Tokens this request may still generate.
+    pub fn remaining(&self) -> usize {
+        self.max_tokens
+            .saturating_sub(self.generated())
+            .min(self.capacity.saturating_sub(self.tokens.len()))
     }
 
     fn finish(&mut self, reason: FinishReason, stop_string_hit: bool) -> FinishReason {
