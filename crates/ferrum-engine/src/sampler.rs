@@ -170,15 +170,7 @@ impl Sampler {
 
     /// Picks the next token from `logits` (modified in place by penalties).
     pub fn sample(&mut self, logits: &mut [f32]) -> Sampled {
-        self.apply_penalties(logits);
-        let (max, lse) = log_sum_exp(logits);
-        let token = if self.params.temperature == 0.0 {
-            argmax(logits)
-        } else {
-            self.filter(logits, max);
-            self.pick(None).unwrap_or_else(|| argmax(logits))
-        };
-        self.report(logits, token, lse)
+        self.choose(logits, None).0
     }
 
     /// Speculative decoding: checks a `draft` token proposed for these
@@ -191,25 +183,34 @@ impl Sampler {
     /// renormalised; the emitted token is then distributed exactly as
     /// [`Sampler::sample`] would draw it.
     pub fn verify(&mut self, logits: &mut [f32], draft: u32) -> (Sampled, bool) {
+        self.choose(logits, Some(draft))
+    }
+
+    fn choose(&mut self, logits: &mut [f32], draft: Option<u32>) -> (Sampled, bool) {
         self.apply_penalties(logits);
         let (max, lse) = log_sum_exp(logits);
         let token = if self.params.temperature == 0.0 {
             argmax(logits)
         } else {
             self.filter(logits, max);
-            let total: f32 = self.cand.iter().map(|c| c.1).sum();
-            let p_draft = self
-                .cand
-                .iter()
-                .find(|c| c.0 == draft)
-                .map_or(0.0, |c| c.1 / total);
-            if self.rng.random::<f32>() < p_draft {
-                draft
-            } else {
-                self.pick(Some(draft)).unwrap_or(draft)
+            match draft {
+                None => self.pick(None).unwrap_or_else(|| argmax(logits)),
+                Some(d) => {
+                    let total: f32 = self.cand.iter().map(|c| c.1).sum();
+                    let p_draft = self
+                        .cand
+                        .iter()
+                        .find(|c| c.0 == d)
+                        .map_or(0.0, |c| c.1 / total);
+                    if self.rng.random::<f32>() < p_draft {
+                        d
+                    } else {
+                        self.pick(Some(d)).unwrap_or(d)
+                    }
+                }
             }
         };
-        (self.report(logits, token, lse), token == draft)
+        (self.report(logits, token, lse), Some(token) == draft)
     }
 
     fn report(&self, logits: &[f32], token: u32, lse: f32) -> Sampled {
