@@ -63,6 +63,25 @@ def test_chat_stream_matches_plain_with_usage(chat_server):
     assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
 
 
+def test_shared_system_prompt_comes_from_the_prefix_cache(chat_server):
+    import uuid
+    c = client(chat_server)
+    system = f"Session {uuid.uuid4()}. " + "You answer questions about colors briefly and politely. " * 8
+
+    def ask(question, **kw):
+        return c.chat.completions.create(model=MODEL, max_tokens=8, temperature=0, messages=[
+            {"role": "system", "content": system}, {"role": "user", "content": question}], **kw)
+
+    first = ask("Name a warm color.")
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    second = ask("Name a cold color.")
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    # Whole 16-token blocks of the shared system prompt, not the question.
+    assert 64 <= cached < second.usage.prompt_tokens and cached % 16 == 0
+    chunks = list(ask("Name a dark color.", stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= cached
+
+
 def test_completions(chat_server):
     r = client(chat_server).completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8,
                                                temperature=0, logprobs=2)

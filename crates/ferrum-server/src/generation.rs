@@ -170,12 +170,26 @@ async fn collect(
     Ok(out)
 }
 
-fn completion_tokens(choices: &[Choice]) -> usize {
-    choices
-        .iter()
-        .filter_map(|c| c.done.as_ref())
-        .map(|d| d.tokens)
-        .sum()
+/// Token counts for `usage`.
+#[derive(Clone, Copy, Default)]
+struct Tally {
+    completion: usize,
+    /// Prompt tokens served from the prefix cache: per prompt, the most any
+    /// of its `n` choices found (each prompt is counted once in
+    /// `prompt_tokens`, so its cache hit is too).
+    cached: usize,
+}
+
+/// Counts for choices grouped `n` per prompt.
+fn tally(choices: &[Choice], n: usize) -> Tally {
+    let done = |c: &Choice| c.done.as_ref().map_or((0, 0), |d| (d.tokens, d.cached));
+    Tally {
+        completion: choices.iter().map(|c| done(c).0).sum(),
+        cached: choices
+            .chunks(n.max(1))
+            .map(|g| g.iter().map(|c| done(c).1).max().unwrap_or(0))
+            .sum(),
+    }
 }
 
 fn finish_str(d: &Option<ChoiceDone>) -> &'static str {
@@ -232,8 +246,10 @@ fn completion_logprobs(tok: &Tokenizer, lps: &[Sampled], top: usize, offset: usi
     json!({"tokens": tokens, "token_logprobs": lp, "top_logprobs": tops, "text_offset": offsets})
 }
 
-fn usage(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+fn usage(prompt: usize, t: Tally) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": t.completion,
+           "total_tokens": prompt + t.completion,
+           "prompt_tokens_details": {"cached_tokens": t.cached}})
 }
 
 fn fingerprint() -> String {
@@ -289,16 +305,16 @@ pub async fn chat(
                         json!([{"index": i, "delta": {}, "logprobs": lp, "finish_reason": finish_str(&Some(d))}]),
                     )
                 }
-                Chunk::Usage(completion) => {
+                Chunk::Usage(t) => {
                     let mut v = base(json!([]));
-                    v["usage"] = usage(prompt_tokens, completion);
+                    v["usage"] = usage(prompt_tokens, t);
                     v
                 }
             }
         }));
     }
     let choices = collect(vec![rx], p.n).await?;
-    let completion = completion_tokens(&choices);
+    let counts = tally(&choices, p.n);
     let choices: Vec<Value> = choices
         .iter()
         .enumerate()
@@ -315,7 +331,7 @@ pub async fn chat(
         .collect();
     Ok(Json(json!({
         "id": id, "object": "chat.completion", "created": created, "model": model,
-        "system_fingerprint": fingerprint(), "choices": choices, "usage": usage(prompt_tokens, completion),
+        "system_fingerprint": fingerprint(), "choices": choices, "usage": usage(prompt_tokens, counts),
     }))
     .into_response())
 }
@@ -400,9 +416,9 @@ pub async fn completions(
                         json!([{"index": i, "text": "", "logprobs": lp, "finish_reason": finish_str(&Some(d))}]),
                     )
                 }
-                Chunk::Usage(completion) => {
+                Chunk::Usage(t) => {
                     let mut v = base(json!([]));
-                    v["usage"] = usage(prompt_tokens, completion);
+                    v["usage"] = usage(prompt_tokens, t);
                     v
                 }
             }
@@ -410,7 +426,7 @@ pub async fn completions(
     }
     let n = p.n;
     let choices = collect(rxs, n).await?;
-    let completion = completion_tokens(&choices);
+    let counts = tally(&choices, p.n);
     let choices: Vec<Value> = choices
         .iter()
         .enumerate()
@@ -427,7 +443,7 @@ pub async fn completions(
         .collect();
     Ok(Json(json!({
         "id": id, "object": "text_completion", "created": created, "model": model,
-        "system_fingerprint": fingerprint(), "choices": choices, "usage": usage(prompt_tokens, completion),
+        "system_fingerprint": fingerprint(), "choices": choices, "usage": usage(prompt_tokens, counts),
     }))
     .into_response())
 }
@@ -438,7 +454,7 @@ enum Chunk {
     Text(usize, String),
     /// Finish of a choice, with the logprobs to report (top-k) if asked.
     End(usize, ChoiceDone, Option<usize>),
-    Usage(usize),
+    Usage(Tally),
 }
 
 /// Streams the events of `rxs` (in order; `n` choices each) as SSE. A
@@ -457,9 +473,10 @@ fn stream(
             }
             tx.send(Ok(SseEvent::default().data(v.to_string()))).is_ok()
         };
-        let mut completion = 0;
+        let mut counts = Tally::default();
         for (pi, mut rx) in rxs.into_iter().enumerate() {
             let mut started = vec![false; p.n];
+            let mut cached = 0;
             while let Some(ev) = rx.recv().await {
                 let ok = match ev {
                     Event::Text { index, text } => {
@@ -473,7 +490,8 @@ fn stream(
                     }
                     Event::Done { index, done } => {
                         let i = pi * p.n + index;
-                        completion += done.tokens;
+                        counts.completion += done.tokens;
+                        cached = cached.max(done.cached);
                         let mut ok = true;
                         if !started[index] {
                             started[index] = true;
@@ -491,8 +509,9 @@ fn stream(
                     return;
                 }
             }
+            counts.cached += cached;
         }
-        if p.include_usage && !send(chunk(Chunk::Usage(completion))) {
+        if p.include_usage && !send(chunk(Chunk::Usage(counts))) {
             return;
         }
         let _ = tx.send(Ok(SseEvent::default().data("[DONE]")));

@@ -30,6 +30,8 @@ pub enum Event {
 pub struct ChoiceDone {
     pub finish: FinishReason,
     pub tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache.
+    pub cached: usize,
     pub logprobs: Vec<Sampled>,
 }
 
@@ -109,6 +111,7 @@ async fn forward(
                 let done = ChoiceDone {
                     finish: c.finish,
                     tokens: c.completion_tokens,
+                    cached: c.cached_tokens,
                     logprobs: std::mem::take(&mut logprobs),
                 };
                 let _ = out.send(Event::Done { index, done });

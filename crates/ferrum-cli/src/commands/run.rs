@@ -205,8 +205,10 @@ impl Session<'_> {
                         generated = c.completion_tokens,
                         decode_tok_s = format!("{:.1}", tps(n.saturating_sub(1), decode)),
                         finish = c.finish.as_str(),
-                        spec_accepted = format!("{accepted}/{drafted}"),
                     );
+                    if drafted > 0 {
+                        tracing::info!(drafted, accepted, "speculative decoding (whole session)");
+                    }
                     return Ok(text);
                 }
                 Event::Error(e) => return Err(anyhow!(e)),
