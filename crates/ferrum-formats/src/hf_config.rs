@@ -102,14 +102,14 @@ impl HfConfig {
                 "hidden_size, num_hidden_layers and num_attention_heads must be positive".into(),
             );
         }
-        if cfg.head_dim.is_none() && cfg.hidden_size % cfg.num_attention_heads != 0 {
+        if cfg.head_dim.is_none() && !cfg.hidden_size.is_multiple_of(cfg.num_attention_heads) {
             return Err(format!(
                 "hidden_size {} is not divisible by num_attention_heads {} and no head_dim is given",
                 cfg.hidden_size, cfg.num_attention_heads
             ));
         }
         let kv = cfg.num_kv_heads();
-        if kv == 0 || cfg.num_attention_heads % kv != 0 {
+        if kv == 0 || !cfg.num_attention_heads.is_multiple_of(kv) {
             return Err(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {kv}",
                 cfg.num_attention_heads

@@ -37,7 +37,7 @@ impl Writer {
         self.kv(key, 8, &b)
     }
     fn tensor(&mut self, name: &str, dims: &[u64], ty: GgmlType, bytes: &[u8]) -> &mut Self {
-        while self.data.len() % 32 != 0 {
+        while !self.data.len().is_multiple_of(32) {
             self.data.push(0);
         }
         put_str(&mut self.infos, name);
@@ -58,7 +58,7 @@ impl Writer {
         out.extend(self.n_meta.to_le_bytes());
         out.extend(&self.meta);
         out.extend(&self.infos);
-        while out.len() % 32 != 0 {
+        while !out.len().is_multiple_of(32) {
             out.push(0);
         }
         out.extend(&self.data);

@@ -1,12 +1,12 @@
 //! `gemm_quant` on GGUF blocks against dequantize-then-GEMM in f64, for every
-//! block type, on random blocks, across the streaming (m ≤ 8) and tiled
-//! paths and a tile boundary (n > 128).
-//!
-//! Tolerance: both sides use identical dequantized values, so only the f32
-//! summation differs: `(k + 2) · u · Σ|a·w|` per output (u = 2⁻²⁴).
+//! block type, on random blocks, across row counts that take every path
+//! (one group of eight rows, several, a 64-row activation chunk boundary,
+//! the f32 tiled path) and a tile boundary (n > 128).
 
 #![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
 
+use ferrum_kernels::cpu::integer_activation_group;
+use ferrum_kernels::quant::act::quantize_act;
 use ferrum_kernels::quant::dequantize;
 use ferrum_kernels::{pack_bytes, Backend, CpuBackend, GgufQuantType, QuantKind, QuantWeights};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -39,52 +39,147 @@ fn random_blocks(rng: &mut StdRng, t: GgufQuantType, rows: usize, k: usize) -> V
     bytes
 }
 
+/// `gemm_quant` of `m` random rows against `bytes` (`n` rows of type `t`).
+fn run_gemm(t: GgufQuantType, bytes: &[u8], a: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    let qw = B::from_slice(&pack_bytes(bytes));
+    let mut out = B::from_slice(&vec![f32::NAN; m * n]);
+    let weights = QuantWeights::<B> {
+        qweight: &qw,
+        scales: None,
+        zeros: None,
+        g_idx: None,
+    };
+    let kind = QuantKind::Gguf { quant_type: t };
+    B::gemm_quant(
+        &mut (),
+        &B::from_slice(a),
+        &weights,
+        &mut out,
+        m,
+        n,
+        k,
+        &kind,
+    )
+    .unwrap();
+    out.to_vec()
+}
+
+/// Types with an integer kernel: the activations are quantized to 15 bits
+/// per `group` values, so the reference uses those dequantized activations
+/// `â`. Error sources: the f32 products of the scales and the f32 sums over
+/// blocks, minimums and lanes (at most `G + 16` roundings for `G` groups;
+/// the integer sums are exact, and their conversion rounds once), on terms
+/// bounded by `|â|` times three times the row's largest `|w|` (a block's
+/// offset and `d·q` are each bounded by it). Against the unquantized `a`, the
+/// rounding of each activation (at most `d/2`) adds `Σ d_g/2 · Σ|w_g|`.
+#[allow(clippy::too_many_arguments)]
+fn check_integer(
+    t: GgufQuantType,
+    group: usize,
+    w: &[f32],
+    a: &[f32],
+    got: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+) {
+    let groups = k / group;
+    let mut qs = vec![0i16; m * k];
+    let mut d = vec![0f32; m * groups];
+    for i in 0..m {
+        let rows = i * k..(i + 1) * k;
+        let dr = i * groups..(i + 1) * groups;
+        quantize_act(&a[rows.clone()], group, &mut qs[rows], &mut d[dr]);
+    }
+    let blocks = k / 32;
+    for i in 0..m {
+        for j in 0..n {
+            let wr = &w[j * k..(j + 1) * k];
+            let wmax = wr.iter().fold(0f64, |x, v| x.max(v.abs() as f64));
+            let (mut want, mut exact, mut mag, mut quant_err) = (0f64, 0f64, 0f64, 0f64);
+            for c in 0..k {
+                let dq = d[i * groups + c / group] as f64;
+                let ahat = qs[i * k + c] as f64 * dq;
+                want += ahat * wr[c] as f64;
+                exact += a[i * k + c] as f64 * wr[c] as f64;
+                mag += ahat.abs() * 3.0 * wmax;
+                quant_err += dq / 2.0 * (wr[c] as f64).abs();
+            }
+            let got = got[i * n + j] as f64;
+            let tol = (blocks as f64 + 16.0) * 2f64.powi(-24) * mag + 1e-30;
+            assert!(
+                (got - want).abs() <= tol,
+                "{t:?} m{m} n{n} [{i},{j}]: {got} vs {want} (tol {tol})"
+            );
+            assert!(
+                (got - exact).abs() <= quant_err + tol,
+                "{t:?} m{m} n{n} [{i},{j}]: {got} vs f32 activations {exact}"
+            );
+        }
+    }
+}
+
+/// Other types compute in f32 from identical dequantized values, so only
+/// the summation differs: `(k + 2) · u · Σ|a·w|` per output (u = 2⁻²⁴).
+fn check_f32(t: GgufQuantType, w: &[f32], a: &[f32], got: &[f32], m: usize, n: usize, k: usize) {
+    for i in 0..m {
+        for j in 0..n {
+            let (mut want, mut bound) = (0f64, 0f64);
+            for c in 0..k {
+                let p = a[i * k + c] as f64 * w[j * k + c] as f64;
+                want += p;
+                bound += p.abs();
+            }
+            let got = got[i * n + j] as f64;
+            let tol = (k as f64 + 2.0) * 2f64.powi(-24) * bound + 1e-30;
+            assert!(
+                (got - want).abs() <= tol,
+                "{t:?} m{m} n{n} [{i},{j}]: {got} vs {want}"
+            );
+        }
+    }
+}
+
 #[test]
 fn every_block_type_matches_dequantized_gemm() {
     use GgufQuantType::*;
     let mut rng = StdRng::seed_from_u64(5);
     for t in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K] {
         let k = 2 * t.ggml().block_size();
-        for &(m, n) in &[(1, 17), (3, 5), (8, 33), (9, 130), (40, 7)] {
+        for &(m, n) in &[(1, 17), (3, 5), (8, 33), (9, 130), (40, 7), (70, 19)] {
             let bytes = random_blocks(&mut rng, t, n, k);
             let mut w = vec![0f32; n * k];
             dequantize(t.ggml(), &bytes, &mut w).unwrap();
             let a: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-            let qw = B::from_slice(&pack_bytes(&bytes));
-            let mut out = B::from_slice(&vec![f32::NAN; m * n]);
-            let weights = QuantWeights::<B> {
-                qweight: &qw,
-                scales: None,
-                zeros: None,
-                g_idx: None,
-            };
-            B::gemm_quant(
-                &mut (),
-                &B::from_slice(&a),
-                &weights,
-                &mut out,
-                m,
-                n,
-                k,
-                &QuantKind::Gguf { quant_type: t },
-            )
-            .unwrap();
-            for i in 0..m {
-                for j in 0..n {
-                    let (mut want, mut bound) = (0f64, 0f64);
-                    for c in 0..k {
-                        let p = a[i * k + c] as f64 * w[j * k + c] as f64;
-                        want += p;
-                        bound += p.abs();
-                    }
-                    let got = out[i * n + j] as f64;
-                    let tol = (k as f64 + 2.0) * 2f64.powi(-24) * bound + 1e-30;
-                    assert!(
-                        (got - want).abs() <= tol,
-                        "{t:?} m{m} n{n} [{i},{j}]: {got} vs {want}"
-                    );
-                }
+            let got = run_gemm(t, &bytes, &a, m, n, k);
+            if let Some(group) = integer_activation_group(t) {
+                check_integer(t, group, &w, &a, &got, m, n, k);
+            } else {
+                check_f32(t, &w, &a, &got, m, n, k);
             }
+        }
+    }
+}
+
+/// A row's result is the same bits whether it is computed alone or among
+/// other rows (in any position): the engine relies on it for batched ==
+/// alone at temperature 0.
+#[test]
+fn rows_do_not_depend_on_their_batch() {
+    use GgufQuantType::*;
+    let mut rng = StdRng::seed_from_u64(9);
+    for t in [Q4_0, Q4_1, Q5_0, Q8_0, Q4K, Q5K, Q6K] {
+        if integer_activation_group(t).is_none() {
+            continue;
+        }
+        let (n, k) = (24, 2 * t.ggml().block_size());
+        let bytes = random_blocks(&mut rng, t, n, k);
+        let m = 75;
+        let a: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let all = run_gemm(t, &bytes, &a, m, n, k);
+        for i in [0, 5, 8, 63, 64, 74] {
+            let alone = run_gemm(t, &bytes, &a[i * k..(i + 1) * k], 1, n, k);
+            assert_eq!(alone, all[i * n..(i + 1) * n], "{t:?} row {i}");
         }
     }
 }

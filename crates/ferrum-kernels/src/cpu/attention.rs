@@ -135,7 +135,7 @@ pub(crate) fn paged_attention(
 
 fn check_heads(nh: usize, nkv: usize) {
     assert!(
-        nkv > 0 && nh % nkv == 0,
+        nkv > 0 && nh.is_multiple_of(nkv),
         "flash_attention: num_heads {nh} is not a multiple of num_kv_heads {nkv}"
     );
 }

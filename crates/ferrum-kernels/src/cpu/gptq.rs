@@ -47,10 +47,10 @@ pub(crate) fn load(
     })?;
     check(group_size > 0, || "group_size must be positive".into())?;
     let pack = (32 / bits) as usize;
-    check(k % pack == 0 && n % pack == 0, || {
+    check(k.is_multiple_of(pack) && n.is_multiple_of(pack), || {
         format!("k = {k} and n = {n} must be multiples of {pack} for {bits}-bit packing")
     })?;
-    check(n > 0 && scales.len() % n == 0, || {
+    check(n > 0 && scales.len().is_multiple_of(n), || {
         format!(
             "{} scales is not a whole number of rows of {n}",
             scales.len()

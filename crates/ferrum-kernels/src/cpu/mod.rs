@@ -1,13 +1,14 @@
 //! The CPU backend: f32 activations, all cores through rayon's global pool,
 //! AVX2/FMA kernels chosen at run time with scalar fallbacks.
 
+mod act_quant;
 mod activation;
 mod attention;
 mod gptq;
+mod int_dot;
 mod layout;
 mod matmul;
 mod norm;
-mod quant_dot;
 mod quant_gemm;
 mod rope;
 pub(crate) mod simd;
@@ -56,13 +57,21 @@ unsafe impl Send for SyncPtr {}
 unsafe impl Sync for SyncPtr {}
 
 /// The vector instruction set the CPU kernels use on this machine
-/// (`"avx2+fma"` or `"scalar"`), for logs and `ferrum system-info`.
+/// (`"avx2+fma+vnni"`, `"avx2+fma"` or `"scalar"`), for logs and
+/// `ferrum system-info`.
 pub fn simd_level() -> &'static str {
-    if simd::has_avx2() {
-        "avx2+fma"
-    } else {
-        "scalar"
+    match (simd::has_avx2(), int_dot::has_vnni()) {
+        (true, true) => "avx2+fma+vnni",
+        (true, false) => "avx2+fma",
+        _ => "scalar",
     }
+}
+
+/// The activation group size when `gemm_quant` with `ty` weights quantizes
+/// the activations ([`crate::quant::act`]) and uses integer dot products on
+/// this CPU; `None` where it computes in f32.
+pub fn integer_activation_group(ty: crate::GgufQuantType) -> Option<usize> {
+    int_dot::supports(ty.ggml()).then(|| int_dot::act_group(ty.ggml()))
 }
 
 /// Worker threads the CPU kernels split work over: the current rayon pool's

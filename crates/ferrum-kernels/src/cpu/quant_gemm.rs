@@ -1,27 +1,33 @@
-//! GEMM against GGUF-quantized weights, dequantizing rows on the fly.
+//! GEMM against GGUF-quantized weights, which stay in their file blocks in
+//! memory (about a quarter to an eighth of f32).
 //!
-//! The weight stays in its file blocks in memory (about a quarter to an
-//! eighth of f32). Decode-sized batches stream each row through a per-thread
-//! f32 buffer and dot it with every activation row; larger batches
-//! dequantize a tile of rows and hand it to the blocked f32 GEMM, so the
-//! dequantization cost is amortised over all `m` rows.
+//! Types with an integer kernel (`int_dot`) quantize the activations to
+//! 8 bits once per call and stream every weight row against them in groups
+//! of eight rows, for any `m`: the same arithmetic for every row keeps
+//! batched results equal to unbatched ones. Other types dequantize: rows
+//! through a per-thread f32 buffer for decode-sized batches, tiles handed to
+//! the blocked f32 GEMM for larger ones.
 
 use std::cell::RefCell;
 
 use ferrum_types::{FerrumError, GgmlType, Result};
 use rayon::prelude::*;
 
+use super::act_quant::ActRows;
+use super::int_dot;
 use super::matmul::{blocked, multi_dot, ROWS_PER_TASK, STREAMING_MAX_M};
-use super::quant_dot;
 use super::SyncPtr;
 use crate::quant::dequantize;
 
 /// Up to this many groups of `STREAMING_MAX_M` activation rows stream each
-/// weight row once per group; above it, dequantizing a tile once and running
-/// the blocked GEMM is cheaper. Batched decoding of up to 32 sequences stays
-/// on the streaming path (SmolLM2 Q4_1, 2 threads, `ferrum bench --batch 16`:
-/// 98 -> 249 tok/s).
+/// dequantized weight row once per group; above it, dequantizing a tile once
+/// and running the blocked GEMM is cheaper.
 const STREAMING_GROUPS: usize = 4;
+
+/// Activation rows the integer path runs against a task's weight rows before
+/// moving on, so they stay in L2 (64 rows of 4,864 values: 623 KB) while
+/// each weight row is re-read from L1.
+const ACT_CHUNK: usize = 64;
 
 /// Weight rows dequantized per tile in the large-`m` path.
 const TILE_ROWS: usize = 128;
@@ -29,6 +35,21 @@ const TILE_ROWS: usize = 128;
 thread_local! {
     static ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static ACT: RefCell<ActRows> = RefCell::new(ActRows::default());
+    static OFFSETS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with this thread's cached value of `key`, or with a fresh one
+/// when it is already in use: a pool thread waiting inside a parallel loop
+/// may pick up a second GEMM of another caller.
+fn with_scratch<T: Default + 'static, R>(
+    key: &'static std::thread::LocalKey<RefCell<T>>,
+    f: impl FnOnce(&mut T) -> R,
+) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut v) => f(&mut v),
+        Err(_) => f(&mut T::default()),
+    })
 }
 
 /// `out[m, n] = a[m, k] · dequant(w)[n, k]ᵀ` with `w` in `ty` blocks.
@@ -43,7 +64,7 @@ pub(crate) fn gemm_gguf(
     k: usize,
 ) -> Result<()> {
     let (bs, bb) = (ty.block_size(), ty.block_bytes());
-    if k % bs != 0 {
+    if !k.is_multiple_of(bs) {
         return Err(FerrumError::invalid(format!(
             "gemm_quant {ty}: k = {k} is not a multiple of the block size {bs}"
         )));
@@ -60,11 +81,54 @@ pub(crate) fn gemm_gguf(
         return Ok(());
     }
     let (a, out) = (&a[..m * k], &mut out[..m * n]);
-    if m <= STREAMING_GROUPS * STREAMING_MAX_M {
+    if int_dot::supports(ty) {
+        with_scratch(&ACT, |act| {
+            act.quantize(a, m, k, int_dot::act_group(ty));
+            integer(act, w, ty, row_bytes, out, m, n);
+        });
+        Ok(())
+    } else if m <= STREAMING_GROUPS * STREAMING_MAX_M {
         streaming(a, w, ty, row_bytes, out, m, n, k)
     } else {
         tiled(a, w, ty, row_bytes, out, m, n, k)
     }
+}
+
+/// Every weight row of a task against chunks of [`ACT_CHUNK`] activation
+/// rows, eight rows per kernel call.
+fn integer(
+    act: &ActRows,
+    w: &[u8],
+    ty: GgmlType,
+    row_bytes: usize,
+    out: &mut [f32],
+    m: usize,
+    n: usize,
+) {
+    let ptr = SyncPtr(out.as_mut_ptr());
+    let tasks = n.div_ceil(ROWS_PER_TASK);
+    (0..tasks).into_par_iter().for_each(|t| {
+        with_scratch(&OFFSETS, |off| {
+            int_dot::offset_scratch(act, off);
+            let mut dots = [0f32; STREAMING_MAX_M];
+            let rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(n);
+            for c0 in (0..m).step_by(ACT_CHUNK) {
+                let c1 = (c0 + ACT_CHUNK).min(m);
+                for j in rows.clone() {
+                    let wrow = &w[j * row_bytes..(j + 1) * row_bytes];
+                    for g0 in (c0..c1).step_by(STREAMING_MAX_M) {
+                        let gm = STREAMING_MAX_M.min(c1 - g0);
+                        int_dot::dot_rows(ty, wrow, act, g0, &mut dots[..gm], off);
+                        for (i, &d) in dots[..gm].iter().enumerate() {
+                            // SAFETY: g0 + i < m, j < n; only this task
+                            // writes column j.
+                            unsafe { *ptr.get().add((g0 + i) * n + j) = d };
+                        }
+                    }
+                }
+            }
+        })
+    });
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -85,22 +149,15 @@ fn streaming(
             let mut row = row.borrow_mut();
             row.resize(k, 0.0);
             let mut dots = [0f32; STREAMING_MAX_M];
-            let fused = quant_dot::supports(ty);
             for j in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(n) {
                 let wrow = &w[j * row_bytes..(j + 1) * row_bytes];
-                if !fused {
-                    dequantize(ty, wrow, &mut row)?;
-                }
+                dequantize(ty, wrow, &mut row)?;
                 // Activation rows in groups the kernels keep in registers;
                 // the weight row stays in L1 between groups.
                 for g0 in (0..m).step_by(STREAMING_MAX_M) {
                     let gm = STREAMING_MAX_M.min(m - g0);
                     let ag = &a[g0 * k..(g0 + gm) * k];
-                    if fused {
-                        quant_dot::dot_rows(ty, wrow, ag, k, &mut dots[..gm]);
-                    } else {
-                        multi_dot(ag, &row, k, &mut dots[..gm]);
-                    }
+                    multi_dot(ag, &row, k, &mut dots[..gm]);
                     for (i, &d) in dots[..gm].iter().enumerate() {
                         // SAFETY: g0 + i < m, j < n; only this task writes
                         // column j.

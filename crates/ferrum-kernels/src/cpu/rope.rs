@@ -38,7 +38,7 @@ pub(crate) fn qk_norm_rope(
     let input = &input[..n];
     if mode != Mode::Transpose {
         assert!(
-            hd % 2 == 0,
+            hd.is_multiple_of(2),
             "qk_norm_rope: RoPE needs an even head_dim, got {hd}"
         );
         // Fail up front if the tables do not cover the last position.

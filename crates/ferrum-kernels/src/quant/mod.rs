@@ -5,6 +5,7 @@
 //! reference the quantized GEMM kernels are tested against, and the path that
 //! loads small tensors (norms, biases) into f32.
 
+pub mod act;
 mod kquants;
 
 pub(crate) use kquants::scale_min_k4;
@@ -23,7 +24,7 @@ pub(crate) fn f16_at(b: &[u8], i: usize) -> f32 {
 /// exactly the number of values those blocks encode.
 pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<()> {
     let (bs, bb) = (ty.block_size(), ty.block_bytes());
-    if bytes.len() % bb != 0 || bytes.len() / bb * bs != out.len() {
+    if !bytes.len().is_multiple_of(bb) || bytes.len() / bb * bs != out.len() {
         return Err(FerrumError::invalid(format!(
             "dequantize {ty}: {} bytes do not encode {} values ({bs} values per {bb}-byte block)",
             bytes.len(),

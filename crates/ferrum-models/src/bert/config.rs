@@ -42,7 +42,7 @@ impl BertConfig {
             max_positions: c.max_position_embeddings.unwrap_or(512),
             eps: c.layer_norm_eps.unwrap_or(1e-12) as f32,
         };
-        if cfg.heads == 0 || cfg.hidden % cfg.heads != 0 {
+        if cfg.heads == 0 || !cfg.hidden.is_multiple_of(cfg.heads) {
             return Err(FerrumError::invalid(format!(
                 "hidden_size {} is not a multiple of num_attention_heads {}",
                 cfg.hidden, cfg.heads

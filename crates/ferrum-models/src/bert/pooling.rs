@@ -16,7 +16,7 @@ pub enum Pooling {
 impl Pooling {
     /// Pools `hidden` (`[tokens, dim]` row-major, padding already excluded).
     pub fn pool(self, hidden: &[f32], dim: usize) -> Result<Vec<f32>> {
-        if dim == 0 || hidden.is_empty() || hidden.len() % dim != 0 {
+        if dim == 0 || hidden.is_empty() || !hidden.len().is_multiple_of(dim) {
             return Err(FerrumError::invalid(format!(
                 "cannot pool {} values in rows of {dim}",
                 hidden.len()

@@ -63,13 +63,13 @@ fn bad(what: impl Into<String>) -> FerrumError {
 
 impl LlamaConfig {
     fn check(self) -> Result<Self> {
-        if self.heads == 0 || self.kv_heads == 0 || self.heads % self.kv_heads != 0 {
+        if self.heads == 0 || self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
             return Err(bad(format!(
                 "{} heads cannot be grouped over {} KV heads",
                 self.heads, self.kv_heads
             )));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 || self.head_dim > 512 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) || self.head_dim > 512 {
             return Err(bad(format!(
                 "head_dim {} is not supported (even, at most 512)",
                 self.head_dim

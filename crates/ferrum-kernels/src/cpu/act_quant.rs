@@ -1,0 +1,137 @@
+//! Activation rows quantized to 16-bit integers for the integer GEMM
+//! (`crate::quant::act` describes the format).
+
+use rayon::prelude::*;
+
+use crate::quant::act::{act_scale, quantize_act, ACT_MAX};
+
+/// Rows at or above this count are quantized in parallel.
+const PAR_ROWS: usize = 16;
+
+/// Values per group sum in [`ActRows::sums`].
+pub(crate) const SUM_GROUP: usize = 32;
+
+/// `m` rows of `k` values in groups of `group`. Per row: `k` values in `qs`;
+/// `stride` entries (the group count rounded up to 8, zero padded so kernels
+/// may read whole eight-lane vectors) in `d` (scales) and `s` (`d · Σq` per
+/// group, for weights with a float offset); and `k / 32` integer sums `Σq`
+/// of 32 values in `sums` (for the k-quants' sub-block minimums).
+#[derive(Default)]
+pub(crate) struct ActRows {
+    pub(crate) qs: Vec<i16>,
+    pub(crate) d: Vec<f32>,
+    pub(crate) s: Vec<f32>,
+    pub(crate) sums: Vec<i32>,
+    pub(crate) k: usize,
+    pub(crate) group: usize,
+    pub(crate) stride: usize,
+}
+
+impl ActRows {
+    /// Re-fills `self` with `a` (`[m, k]`, `k` a multiple of `group`, which
+    /// is a multiple of 32); the buffers only grow, so steady-state decoding
+    /// does not allocate.
+    pub(crate) fn quantize(&mut self, a: &[f32], m: usize, k: usize, group: usize) {
+        debug_assert!(
+            group.is_multiple_of(SUM_GROUP) && k.is_multiple_of(group) && a.len() >= m * k
+        );
+        let stride = (k / group).next_multiple_of(8);
+        let nsums = k / SUM_GROUP;
+        (self.k, self.group, self.stride) = (k, group, stride);
+        self.qs.resize(m * k, 0);
+        self.d.resize(m * stride, 0.0);
+        self.s.resize(m * stride, 0.0);
+        self.sums.resize(m * nsums, 0);
+        let rows = a[..m * k]
+            .chunks_exact(k)
+            .zip(self.qs.chunks_exact_mut(k))
+            .zip(self.d.chunks_exact_mut(stride))
+            .zip(self.s.chunks_exact_mut(stride))
+            .zip(self.sums.chunks_exact_mut(nsums));
+        let one = |((((x, qs), d), s), sums): RowMut<'_>| quantize_row(x, group, qs, d, s, sums);
+        if m >= PAR_ROWS {
+            rows.par_bridge().for_each(one);
+        } else {
+            rows.for_each(one);
+        }
+    }
+}
+
+type RowMut<'a> = (
+    (((&'a [f32], &'a mut [i16]), &'a mut [f32]), &'a mut [f32]),
+    &'a mut [i32],
+);
+
+/// One row: values and scales, the sums, and zero padding after the last
+/// group.
+fn quantize_row(
+    x: &[f32],
+    group: usize,
+    qs: &mut [i16],
+    d: &mut [f32],
+    s: &mut [f32],
+    sums: &mut [i32],
+) {
+    let groups = x.len() / group;
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::has_avx2() {
+        // SAFETY: AVX2 and FMA were detected; the slices hold `groups` groups.
+        unsafe { x86::quantize(x, group, qs, &mut d[..groups]) };
+    } else {
+        quantize_act(x, group, qs, &mut d[..groups]);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    quantize_act(x, group, qs, &mut d[..groups]);
+    for (sum, q) in sums.iter_mut().zip(qs.chunks_exact(SUM_GROUP)) {
+        *sum = q.iter().map(|&v| i32::from(v)).sum();
+    }
+    for (g, sg) in s[..groups].iter_mut().enumerate() {
+        let per = group / SUM_GROUP;
+        let total: i32 = sums[g * per..(g + 1) * per].iter().sum();
+        *sg = d[g] * total as f32;
+    }
+    d[groups..].fill(0.0);
+    s[groups..].fill(0.0);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{act_scale, ACT_MAX};
+
+    /// The vector twin of `quantize_act`: the same scale, the same product
+    /// `x · (1/d)` and round-half-even, so the same values.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn quantize(x: &[f32], group: usize, qs: &mut [i16], d: &mut [f32]) {
+        let sign = _mm256_set1_ps(-0.0);
+        let max = f32::from(ACT_MAX);
+        let (lo, hi) = (_mm256_set1_ps(-max), _mm256_set1_ps(max));
+        for (g, dg) in d.iter_mut().enumerate() {
+            let p = x.as_ptr().add(g * group);
+            let mut m = _mm256_setzero_ps();
+            for o in (0..group).step_by(8) {
+                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(p.add(o))));
+            }
+            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+            let (scale, inv) = act_scale(_mm_cvtss_f32(m));
+            *dg = scale;
+            let inv = _mm256_set1_ps(inv);
+            let q = |o: usize| {
+                let r = _mm256_round_ps(
+                    _mm256_mul_ps(_mm256_loadu_ps(p.add(o)), inv),
+                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+                );
+                _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi))
+            };
+            for o in (0..group).step_by(16) {
+                // Packing interleaves 128-bit lanes; the permute restores order.
+                let packed = _mm256_packs_epi32(q(o), q(o + 8));
+                let packed = _mm256_permute4x64_epi64(packed, 0b11_01_10_00);
+                _mm256_storeu_si256(qs.as_mut_ptr().add(g * group + o).cast(), packed);
+            }
+        }
+    }
+}
