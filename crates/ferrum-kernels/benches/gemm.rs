@@ -1,12 +1,13 @@
-//! Dense GEMM at LLM shapes. Throughput is reported in FLOP/s (criterion's
-//! "elements" are flops: 2·m·n·k per call).
+//! Dense and GGUF-quantized GEMM at LLM shapes. Throughput is reported in
+//! FLOP/s (criterion's "elements" are flops: 2·m·n·k per call); for m = 1 the
+//! quantized group also reports weight bytes per second (the memory wall).
 //!
-//! `cargo bench -p ferrum-kernels --bench gemm`
+//! `cargo bench -p ferrum-kernels --bench gemm [-- gemm_quant]`
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use ferrum_kernels::{Backend, CpuBackend};
+use ferrum_kernels::{pack_bytes, Backend, CpuBackend, GgufQuantType, QuantKind, QuantWeights};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 fn bench_gemm(c: &mut Criterion) {
@@ -41,5 +42,78 @@ fn bench_gemm(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_gemm);
+/// Random blocks of `t` with small finite f16 scales (offset 0, and 208 for
+/// Q6_K; the second scale of the offset types at 2 is random but finite
+/// often enough not to matter for timing).
+fn random_blocks(rng: &mut StdRng, t: GgufQuantType, rows: usize, k: usize) -> Vec<u8> {
+    let ty = t.ggml();
+    let bb = ty.block_bytes();
+    let mut bytes: Vec<u8> = (0..rows * k / ty.block_size() * bb)
+        .map(|_| rng.random())
+        .collect();
+    let at = if t == GgufQuantType::Q6K { 208 } else { 0 };
+    for b in bytes.chunks_mut(bb) {
+        b[at..at + 2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+    }
+    bytes
+}
+
+/// Timed inside a rayon pool, as the engine runs (`cpu::on_pool`): from
+/// outside, every call would also pay for waking the pool's threads.
+fn bench_gemm_quant(c: &mut Criterion) {
+    use GgufQuantType::*;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut group = c.benchmark_group("gemm_quant");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1));
+    let mut rng = StdRng::seed_from_u64(1);
+    // Qwen2.5-0.5B Q4_K_M: gate/up (k = 896, legacy types as 896 is not a
+    // multiple of 256) and down (k = 4,864, k-quants).
+    for (t, n, k) in [
+        (Q4_1, 4864, 896),
+        (Q5_0, 4864, 896),
+        (Q8_0, 4864, 896),
+        (Q4K, 896, 4864),
+        (Q6K, 896, 4864),
+    ] {
+        let bytes = random_blocks(&mut rng, t, n, k);
+        let qw = CpuBackend::from_slice(&pack_bytes(&bytes));
+        let weights = QuantWeights::<CpuBackend> {
+            qweight: &qw,
+            scales: None,
+            zeros: None,
+            g_idx: None,
+        };
+        let kind = QuantKind::Gguf { quant_type: t };
+        for m in [1usize, 8, 64] {
+            let a: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let a = CpuBackend::from_slice(&a);
+            let mut out = CpuBackend::alloc(m * n);
+            if m == 1 {
+                group.throughput(Throughput::Bytes(bytes.len() as u64));
+            } else {
+                group.throughput(Throughput::Elements((2 * m * n * k) as u64));
+            }
+            group.bench_with_input(BenchmarkId::new(format!("{t:?}"), m), &m, |b, &m| {
+                b.iter_custom(|iters| {
+                    pool.install(|| {
+                        let t = Instant::now();
+                        for _ in 0..iters {
+                            CpuBackend::gemm_quant(&mut (), &a, &weights, &mut out, m, n, k, &kind)
+                                .unwrap_or_else(|e| panic!("{e}"));
+                        }
+                        t.elapsed()
+                    })
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_gemm, bench_gemm_quant);
 criterion_main!(benches);

@@ -4,10 +4,11 @@
 //! Weight values are unpacked to i16 and multiplied with the activations in
 //! pairs into i32 lanes (`VPDPWSSD` where AVX-512 VNNI exists, else
 //! `PMADDWD`: the same integers, as no sum can overflow). Legacy blocks
-//! convert each 32-value dot to f32 and scale it by weight scale ×
-//! activation scale; k-quants first multiply the weights by their integer
-//! sub-block scales, accumulate a whole 256-value block in integers and
-//! convert once, which is what makes them cheap.
+//! reduce the integer dots of eight blocks to one vector, one lane per
+//! block, and scale all eight at once; k-quants first multiply the weights
+//! by their integer sub-block scales, accumulate a whole 256-value block in
+//! integers and convert once. Both keep float work to a few instructions
+//! per 256 values, which is what makes decode reach memory bandwidth.
 //!
 //! Every output is produced by the same instruction sequence whatever the
 //! number of rows it is computed with, so a sequence's logits do not depend
@@ -55,12 +56,14 @@ fn has_f16c() -> bool {
     }
 }
 
-/// Whether the CPU has 256-bit `VPDPWSSD` (AVX-512 VNNI with VL).
+/// Whether the CPU has 256-bit `VPDPWSSD` (AVX-512 VNNI with VL) and the
+/// AVX-512BW lane masks the kernels pair with it.
 pub(crate) fn has_vnni() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512vnni")
             && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512bw")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -68,42 +71,46 @@ pub(crate) fn has_vnni() -> bool {
     }
 }
 
-/// `dots[c] = act[r0 + c] · dequant(row)` for `dots.len() ≤ 8` activation
-/// rows. `row` holds exactly the blocks of `act.k` values; `off` is scratch
-/// of `act.stride` values, zero from the group count on (see
-/// [`offset_scratch`]). The caller checks [`supports`].
+/// `dots[j][c] = act[r0 + c] · dequant(row j)` for the consecutive weight
+/// rows in `rows` (one per element of `dots`) and `m ≤ 8` activation rows.
+/// Each row holds exactly the blocks of `act.k` values; `off` is scratch
+/// from [`offset_scratch`]. The caller checks [`supports`]. Taking a task's
+/// rows in one call keeps dispatch and set-up out of the per-row cost, which
+/// matters at decode shapes (a 896-wide row is 28 blocks).
 pub(crate) fn dot_rows(
     ty: GgmlType,
-    row: &[u8],
+    rows: &[u8],
     act: &ActRows,
     r0: usize,
-    dots: &mut [f32],
+    m: usize,
+    dots: &mut [[f32; 8]],
     off: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        debug_assert!(supports(ty) && dots.len() <= 8 && act.group == act_group(ty));
-        debug_assert!(act.qs.len() >= (r0 + dots.len()) * act.k);
-        debug_assert_eq!(row.len(), act.k / ty.block_size() * ty.block_bytes());
-        debug_assert_eq!(off.len(), act.stride);
+        let row_bytes = act.k / ty.block_size() * ty.block_bytes();
+        assert!(supports(ty) && act.group == act_group(ty) && (1..=8).contains(&m));
+        assert!(!dots.is_empty() && rows.len() == dots.len() * row_bytes);
+        assert!(act.qs.len() >= (r0 + m) * act.k && off.len() == act.stride);
         // SAFETY: `supports` checked AVX2/FMA/F16C (and `has_vnni` the VNNI
         // entry's features); the extents asserted above are what they read.
         unsafe {
             if has_vnni() {
-                x86::dot_rows_vnni(ty, row, act, r0, dots, off)
+                x86::dot_rows_vnni(ty, rows.as_ptr(), row_bytes, act, r0, m, dots, off)
             } else {
-                x86::dot_rows_avx2(ty, row, act, r0, dots, off)
+                x86::dot_rows_avx2(ty, rows.as_ptr(), row_bytes, act, r0, m, dots, off)
             }
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (ty, row, act, r0, dots, off);
+        let _ = (ty, rows, act, r0, m, dots, off);
         unreachable!("supports() is false off x86-64");
     }
 }
 
-/// Sizes `off` for [`dot_rows`] with `act`: once per task, not per row.
+/// Sizes `off` for [`dot_rows`] with `act` (a weight row's block offsets,
+/// zero past the last block): once per task, not per call.
 pub(crate) fn offset_scratch(act: &ActRows, off: &mut Vec<f32>) {
     off.clear();
     off.resize(act.stride, 0.0);
@@ -121,19 +128,28 @@ pub(super) mod x86 {
     /// The little-endian f16 at `p`, converted by F16C.
     #[inline(always)]
     unsafe fn f16_at(p: *const u8) -> f32 {
-        let bits = u16::from_le_bytes([*p, *p.add(1)]);
+        let bits = p.cast::<u16>().read_unaligned().to_le();
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
     }
 
-    /// A legacy (32-value) block format: one f32 scale per block, and unless
-    /// `OFFSET` a constant offset already folded into the values.
+    /// Where a legacy block's constant offset comes from (`x = d·q + o`).
+    #[derive(PartialEq, Eq)]
+    enum Offset {
+        /// None, or folded into the values.
+        No,
+        /// The f16 minimum after the scale.
+        Min,
+        /// −16·d: Q5_0's constant, cheaper as an offset than subtracted
+        /// from every value.
+        Neg16,
+    }
+
+    /// A legacy (32-value) block format: an f16 scale first, an offset.
     trait Legacy {
         const BYTES: usize;
-        const OFFSET: bool;
-        /// The scale and the offset added to every dequantized value.
-        unsafe fn header(b: *const u8) -> (f32, f32);
-        /// Values 0..16 and 16..32 as i16.
-        unsafe fn values(b: *const u8) -> (__m256i, __m256i);
+        const OFFSET: Offset;
+        /// Values 0..16 and 16..32 as i16 (`AVX512`: AVX-512BW may be used).
+        unsafe fn values<const AVX512: bool>(b: *const u8) -> (__m256i, __m256i);
     }
 
     /// Low nibbles of 16 bytes as i16 values 0..16, high nibbles as 16..32:
@@ -147,21 +163,26 @@ pub(super) mod x86 {
         )
     }
 
-    /// Low nibbles of 16 bytes as values 0..16, high nibbles as 16..32.
+    /// A Q5 block's 32 values as i16: the nibbles of the 16 bytes at `qs`
+    /// plus 16 where bit `e` of the little-endian u32 at `qh` is set. With
+    /// AVX-512BW the bits are lane masks for a masked add; otherwise they
+    /// are spread to bytes (shuffle, test, compare: four instructions for
+    /// all 32) and or-ed in before widening. Both give the same integers.
     #[inline(always)]
-    unsafe fn nibbles16(p: *const u8) -> __m256i {
-        let v = _mm_loadu_si128(p.cast());
-        let mask = _mm_set1_epi8(0x0F);
-        _mm256_set_m128i(
-            _mm_and_si128(_mm_srli_epi16(v, 4), mask),
-            _mm_and_si128(v, mask),
-        )
-    }
-
-    /// 0x10 in byte `e` where bit `e` of the little-endian u32 at `p` is set.
-    #[inline(always)]
-    unsafe fn fifth_bits(p: *const u8) -> __m256i {
-        let bits = u32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)]);
+    unsafe fn q5_values<const AVX512: bool>(qs: *const u8, qh: *const u8) -> (__m256i, __m256i) {
+        let bits = qh.cast::<u32>().read_unaligned().to_le();
+        if AVX512 {
+            let (lo, hi) = nibbles_i16(qs);
+            let sixteen = _mm256_set1_epi16(16);
+            let (klo, khi) = (bits as __mmask16, (bits >> 16) as __mmask16);
+            return (
+                _mm256_mask_add_epi16(lo, klo, lo, sixteen),
+                _mm256_mask_add_epi16(hi, khi, hi, sixteen),
+            );
+        }
+        // Byte i takes byte i / 8 of the bits (the shuffle stays within
+        // 128-bit lanes, and each lane holds all four bytes), then tests
+        // bit i % 8.
         let spread = _mm256_shuffle_epi8(
             _mm256_set1_epi32(bits as i32),
             _mm256_setr_epi64x(
@@ -171,9 +192,17 @@ pub(super) mod x86 {
                 0x0303_0303_0303_0303,
             ),
         );
-        let sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-        let hit = _mm256_cmpeq_epi8(_mm256_and_si256(spread, sel), sel);
-        _mm256_and_si256(hit, _mm256_set1_epi8(0x10))
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let hit = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+        let fifth = _mm256_and_si256(hit, _mm256_set1_epi8(0x10));
+        let q = _mm_loadu_si128(qs.cast());
+        let mask = _mm_set1_epi8(0x0F);
+        let lo = _mm_or_si128(_mm_and_si128(q, mask), _mm256_castsi256_si128(fifth));
+        let hi = _mm_or_si128(
+            _mm_and_si128(_mm_srli_epi16(q, 4), mask),
+            _mm256_extracti128_si256(fifth, 1),
+        );
+        (_mm256_cvtepu8_epi16(lo), _mm256_cvtepu8_epi16(hi))
     }
 
     /// Byte-wise nibble `hi` (0 low, 1 high) of the 32 bytes at `p`.
@@ -187,13 +216,9 @@ pub(super) mod x86 {
     struct Q40;
     impl Legacy for Q40 {
         const BYTES: usize = 18;
-        const OFFSET: bool = false;
+        const OFFSET: Offset = Offset::No;
         #[inline(always)]
-        unsafe fn header(b: *const u8) -> (f32, f32) {
-            (f16_at(b), 0.0)
-        }
-        #[inline(always)]
-        unsafe fn values(b: *const u8) -> (__m256i, __m256i) {
+        unsafe fn values<const AVX512: bool>(b: *const u8) -> (__m256i, __m256i) {
             let (lo, hi) = nibbles_i16(b.add(2));
             let eight = _mm256_set1_epi16(8);
             (_mm256_sub_epi16(lo, eight), _mm256_sub_epi16(hi, eight))
@@ -203,13 +228,9 @@ pub(super) mod x86 {
     struct Q41;
     impl Legacy for Q41 {
         const BYTES: usize = 20;
-        const OFFSET: bool = true;
+        const OFFSET: Offset = Offset::Min;
         #[inline(always)]
-        unsafe fn header(b: *const u8) -> (f32, f32) {
-            (f16_at(b), f16_at(b.add(2)))
-        }
-        #[inline(always)]
-        unsafe fn values(b: *const u8) -> (__m256i, __m256i) {
+        unsafe fn values<const AVX512: bool>(b: *const u8) -> (__m256i, __m256i) {
             nibbles_i16(b.add(4))
         }
     }
@@ -217,45 +238,29 @@ pub(super) mod x86 {
     struct Q50;
     impl Legacy for Q50 {
         const BYTES: usize = 22;
-        const OFFSET: bool = false;
+        const OFFSET: Offset = Offset::Neg16;
         #[inline(always)]
-        unsafe fn header(b: *const u8) -> (f32, f32) {
-            (f16_at(b), 0.0)
-        }
-        #[inline(always)]
-        unsafe fn values(b: *const u8) -> (__m256i, __m256i) {
-            let v = _mm256_or_si256(nibbles16(b.add(6)), fifth_bits(b.add(2)));
-            widen(_mm256_sub_epi8(v, _mm256_set1_epi8(16)), false)
+        unsafe fn values<const AVX512: bool>(b: *const u8) -> (__m256i, __m256i) {
+            q5_values::<AVX512>(b.add(6), b.add(2))
         }
     }
 
     struct Q51;
     impl Legacy for Q51 {
         const BYTES: usize = 24;
-        const OFFSET: bool = true;
+        const OFFSET: Offset = Offset::Min;
         #[inline(always)]
-        unsafe fn header(b: *const u8) -> (f32, f32) {
-            (f16_at(b), f16_at(b.add(2)))
-        }
-        #[inline(always)]
-        unsafe fn values(b: *const u8) -> (__m256i, __m256i) {
-            widen(
-                _mm256_or_si256(nibbles16(b.add(8)), fifth_bits(b.add(4))),
-                true,
-            )
+        unsafe fn values<const AVX512: bool>(b: *const u8) -> (__m256i, __m256i) {
+            q5_values::<AVX512>(b.add(8), b.add(4))
         }
     }
 
     struct Q80;
     impl Legacy for Q80 {
         const BYTES: usize = 34;
-        const OFFSET: bool = false;
+        const OFFSET: Offset = Offset::No;
         #[inline(always)]
-        unsafe fn header(b: *const u8) -> (f32, f32) {
-            (f16_at(b), 0.0)
-        }
-        #[inline(always)]
-        unsafe fn values(b: *const u8) -> (__m256i, __m256i) {
+        unsafe fn values<const AVX512: bool>(b: *const u8) -> (__m256i, __m256i) {
             (
                 _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(2).cast())),
                 _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(18).cast())),
@@ -385,50 +390,143 @@ pub(super) mod x86 {
         _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
     }
 
-    /// Legacy blocks: each 32-value block's integer dot is converted and
-    /// scaled by weight scale × activation scale; float offsets are one
+    /// The `R` weight rows from row `j` of `n` rows (past the end, the last
+    /// row again: its results are computed twice and stored once).
+    #[inline(always)]
+    unsafe fn row_ptrs<const R: usize>(
+        w: *const u8,
+        row_bytes: usize,
+        j: usize,
+        n: usize,
+    ) -> [*const u8; R] {
+        std::array::from_fn(|r| w.add((j + r).min(n - 1) * row_bytes))
+    }
+
+    /// Blocks per step of the legacy kernel: their integer dots are reduced
+    /// to one f32 lane each and scaled together.
+    const STEP: usize = 8;
+
+    /// Eight f16 values at `p + i·stride` (lanes `i ≥ n` zero) as f32.
+    #[inline(always)]
+    unsafe fn f16x8(p: *const u8, stride: usize, n: usize) -> __m256 {
+        let h = |i: usize| {
+            if i < n {
+                p.add(i * stride).cast::<i16>().read_unaligned().to_le()
+            } else {
+                0
+            }
+        };
+        _mm256_cvtph_ps(_mm_setr_epi16(
+            h(0),
+            h(1),
+            h(2),
+            h(3),
+            h(4),
+            h(5),
+            h(6),
+            h(7),
+        ))
+    }
+
+    /// One i32 lane per vector: lane `b` of the result is the sum of the
+    /// lanes of `v[b]` (exact: integer adds).
+    #[inline(always)]
+    unsafe fn reduce8(v: &[__m256i; STEP]) -> __m256i {
+        let h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        let h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256(h0123, h4567, 0x20),
+            _mm256_permute2x128_si256(h0123, h4567, 0x31),
+        )
+    }
+
+    /// Blocks `b0..b0 + nv` (`nv ≤ STEP`) of one weight row against `M`
+    /// activation rows into `acc`. Called with `nv = STEP` (a constant once
+    /// inlined, so the loops unroll without tests) except for a short last
+    /// step, which leaves lanes zero: zero weight scales and the activation
+    /// scales' zero padding.
+    #[inline(always)]
+    unsafe fn legacy_step<F: Legacy, const VNNI: bool, const M: usize>(
+        row: *const u8,
+        act: &ActRows,
+        r0: usize,
+        b0: usize,
+        nv: usize,
+        off: &mut [f32],
+        acc: &mut [__m256; M],
+    ) {
+        let (k, stride) = (act.k, act.stride);
+        let p = row.add(b0 * F::BYTES);
+        let mut wv = [[_mm256_setzero_si256(); 2]; STEP];
+        for (b, wv) in wv.iter_mut().enumerate().take(nv) {
+            let (lo, hi) = F::values::<VNNI>(p.add(b * F::BYTES));
+            *wv = [lo, hi];
+        }
+        let sw = f16x8(p, F::BYTES, nv);
+        // `stride` is a multiple of STEP, so the eight lanes fit.
+        let o = off.as_mut_ptr().add(b0);
+        match F::OFFSET {
+            Offset::No => {}
+            Offset::Min => _mm256_storeu_ps(o, f16x8(p.add(2), F::BYTES, nv)),
+            Offset::Neg16 => _mm256_storeu_ps(o, _mm256_mul_ps(sw, _mm256_set1_ps(-16.0))),
+        }
+        for (c, acc) in acc.iter_mut().enumerate() {
+            let a = act.qs.as_ptr().add((r0 + c) * k + 32 * b0);
+            let mut v = [_mm256_setzero_si256(); STEP];
+            for (b, (v, &[lo, hi])) in v.iter_mut().zip(&wv).enumerate().take(nv) {
+                let a = a.add(32 * b);
+                let (a0, a1) = (
+                    _mm256_loadu_si256(a.cast()),
+                    _mm256_loadu_si256(a.add(16).cast()),
+                );
+                *v = dot16::<VNNI>(_mm256_madd_epi16(lo, a0), hi, a1);
+            }
+            let x = _mm256_mul_ps(_mm256_cvtepi32_ps(reduce8(&v)), sw);
+            let da = _mm256_loadu_ps(act.d.as_ptr().add((r0 + c) * stride + b0));
+            *acc = _mm256_fmadd_ps(x, da, *acc);
+        }
+    }
+
+    /// Legacy blocks, eight at a time: each block's integer dot is reduced
+    /// to one lane, so converting and scaling (by eight weight scales and
+    /// the eight activation scales, which are contiguous) is one vector op
+    /// per eight blocks rather than per block. The unpacked weights of a
+    /// step are kept for all `M` activation rows. Float offsets are one
     /// short dot with the activation group sums after the loop.
     #[inline(always)]
     unsafe fn legacy_rows<F: Legacy, const VNNI: bool, const M: usize>(
-        row: &[u8],
+        w: *const u8,
+        row_bytes: usize,
         act: &ActRows,
         r0: usize,
         off: &mut [f32],
-        dots: &mut [f32],
+        dots: &mut [[f32; 8]],
     ) {
-        let (k, stride) = (act.k, act.stride);
-        let qs = act.qs.as_ptr().add(r0 * k);
-        let ds = act.d.as_ptr().add(r0 * stride);
-        let mut acc = [_mm256_setzero_ps(); M];
-        for (bi, b) in row.chunks_exact(F::BYTES).enumerate() {
-            let p = b.as_ptr();
-            let (dw, o) = F::header(p);
-            if F::OFFSET {
-                off[bi] = o;
+        let (stride, nb) = (act.stride, act.k / 32);
+        for (j, dots) in dots.iter_mut().enumerate() {
+            let row = w.add(j * row_bytes);
+            let mut acc = [_mm256_setzero_ps(); M];
+            let full = nb - nb % STEP;
+            for b0 in (0..full).step_by(STEP) {
+                legacy_step::<F, VNNI, M>(row, act, r0, b0, STEP, off, &mut acc);
             }
-            let (lo, hi) = F::values(p);
-            let sw = _mm256_set1_ps(dw);
-            for (c, acc) in acc.iter_mut().enumerate() {
-                let a = qs.add(c * k + 32 * bi);
-                let i = dot16::<VNNI>(_mm256_setzero_si256(), lo, _mm256_loadu_si256(a.cast()));
-                let i = dot16::<VNNI>(i, hi, _mm256_loadu_si256(a.add(16).cast()));
-                let s = _mm256_mul_ps(sw, _mm256_broadcast_ss(&*ds.add(c * stride + bi)));
-                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), s, *acc);
+            if full < nb {
+                legacy_step::<F, VNNI, M>(row, act, r0, full, nb - full, off, &mut acc);
             }
-        }
-        for (c, (dot, acc)) in dots.iter_mut().zip(acc).enumerate() {
-            *dot = hsum(acc);
-            if F::OFFSET {
-                let sums = act.s.as_ptr().add((r0 + c) * stride);
-                let mut v = _mm256_setzero_ps();
-                for g in (0..stride).step_by(8) {
-                    v = _mm256_fmadd_ps(
-                        _mm256_loadu_ps(off.as_ptr().add(g)),
-                        _mm256_loadu_ps(sums.add(g)),
-                        v,
-                    );
+            for (c, (dot, acc)) in dots.iter_mut().zip(acc).enumerate() {
+                *dot = hsum(acc);
+                if F::OFFSET != Offset::No {
+                    let sums = act.s.as_ptr().add((r0 + c) * stride);
+                    let mut v = _mm256_setzero_ps();
+                    for g in (0..stride).step_by(8) {
+                        v = _mm256_fmadd_ps(
+                            _mm256_loadu_ps(off.as_ptr().add(g)),
+                            _mm256_loadu_ps(sums.add(g)),
+                            v,
+                        );
+                    }
+                    *dot += hsum(v);
                 }
-                *dot += hsum(v);
             }
         }
     }
@@ -436,116 +534,168 @@ pub(super) mod x86 {
     /// K-quant super-blocks: the weights times their integer sub-block
     /// scales stay integers, so a whole 256-value block accumulates in i32
     /// lanes and is converted and scaled once (the activations have one
-    /// scale per 256 values for these types).
+    /// scale per 256 values for these types). `R` weight rows at a time, as
+    /// for the legacy blocks.
     #[inline(always)]
-    unsafe fn k_rows<F: KQuant, const VNNI: bool, const M: usize>(
-        row: &[u8],
+    unsafe fn k_rows<F: KQuant, const VNNI: bool, const M: usize, const R: usize>(
+        w: *const u8,
+        row_bytes: usize,
         act: &ActRows,
         r0: usize,
-        dots: &mut [f32],
+        dots: &mut [[f32; 8]],
     ) {
-        let (k, stride, nsums) = (act.k, act.stride, act.k / SUM_GROUP);
+        let (k, stride, nsums, n) = (act.k, act.stride, act.k / SUM_GROUP, dots.len());
         let qs = act.qs.as_ptr().add(r0 * k);
         let ds = act.d.as_ptr().add(r0 * stride);
         let sums = act.sums.as_ptr().add(r0 * nsums);
-        let mut acc = [_mm256_setzero_ps(); M];
-        let mut h = KHeader {
+        let mut h = [(); R].map(|_| KHeader {
             d: 0.0,
             dmin: 0.0,
             scales: [0; 16],
             mins: [0; 8],
-        };
-        for (bi, b) in row.chunks_exact(F::BYTES).enumerate() {
-            let p = b.as_ptr();
-            F::header(p, &mut h);
-            let mut iacc = [_mm256_setzero_si256(); M];
-            for g in 0..8 {
-                let (lo, hi) = widen(F::bytes(p, g), F::UNSIGNED);
-                let lo = _mm256_mullo_epi16(lo, _mm256_set1_epi16(h.scales[2 * g]));
-                let hi = _mm256_mullo_epi16(hi, _mm256_set1_epi16(h.scales[2 * g + 1]));
-                for (c, iacc) in iacc.iter_mut().enumerate() {
-                    let a = qs.add(c * k + 256 * bi + 32 * g);
-                    let i = dot16::<VNNI>(*iacc, lo, _mm256_loadu_si256(a.cast()));
-                    *iacc = dot16::<VNNI>(i, hi, _mm256_loadu_si256(a.add(16).cast()));
+        });
+        for j in (0..n).step_by(R) {
+            let w = row_ptrs::<R>(w, row_bytes, j, n);
+            let mut acc = [[_mm256_setzero_ps(); M]; R];
+            for bi in 0..k / 256 {
+                let p = w.map(|w| w.add(bi * F::BYTES));
+                for (p, h) in p.iter().zip(h.iter_mut()) {
+                    F::header(*p, h);
+                }
+                let mut iacc = [[_mm256_setzero_si256(); M]; R];
+                for g in 0..8 {
+                    let mut wv = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
+                    for (r, v) in wv.iter_mut().enumerate() {
+                        let (lo, hi) = widen(F::bytes(p[r], g), F::UNSIGNED);
+                        *v = (
+                            _mm256_mullo_epi16(lo, _mm256_set1_epi16(h[r].scales[2 * g])),
+                            _mm256_mullo_epi16(hi, _mm256_set1_epi16(h[r].scales[2 * g + 1])),
+                        );
+                    }
+                    for c in 0..M {
+                        let a = qs.add(c * k + 256 * bi + 32 * g);
+                        let (a0, a1) = (
+                            _mm256_loadu_si256(a.cast()),
+                            _mm256_loadu_si256(a.add(16).cast()),
+                        );
+                        for (iacc, &(lo, hi)) in iacc.iter_mut().zip(&wv) {
+                            iacc[c] = dot16::<VNNI>(dot16::<VNNI>(iacc[c], lo, a0), hi, a1);
+                        }
+                    }
+                }
+                for r in 0..R {
+                    let mins = _mm256_loadu_si256(h[r].mins.as_ptr().cast());
+                    let (d, dmin) = (_mm256_set1_ps(h[r].d), _mm256_set1_ps(-h[r].dmin));
+                    for c in 0..M {
+                        let da = _mm256_set1_ps(*ds.add(c * stride + bi));
+                        let mut x = _mm256_mul_ps(_mm256_cvtepi32_ps(iacc[r][c]), d);
+                        if F::MINS {
+                            let s = _mm256_loadu_si256(sums.add(c * nsums + 8 * bi).cast());
+                            let m = _mm256_cvtepi32_ps(_mm256_mullo_epi32(s, mins));
+                            x = _mm256_fmadd_ps(m, dmin, x);
+                        }
+                        acc[r][c] = _mm256_fmadd_ps(x, da, acc[r][c]);
+                    }
                 }
             }
-            let mins = _mm256_loadu_si256(h.mins.as_ptr().cast());
-            for (c, (acc, iacc)) in acc.iter_mut().zip(iacc).enumerate() {
-                let da = *ds.add(c * stride + bi);
-                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc), _mm256_set1_ps(h.d * da), *acc);
-                if F::MINS {
-                    let s = _mm256_loadu_si256(sums.add(c * nsums + 8 * bi).cast());
-                    let m = _mm256_cvtepi32_ps(_mm256_mullo_epi32(s, mins));
-                    *acc = _mm256_fmadd_ps(m, _mm256_set1_ps(-h.dmin * da), *acc);
+            for (r, acc) in acc.iter().enumerate().take(n - j) {
+                for (c, acc) in acc.iter().enumerate() {
+                    dots[j + r][c] = hsum(*acc);
                 }
             }
-        }
-        for (dot, acc) in dots.iter_mut().zip(acc) {
-            *dot = hsum(acc);
         }
     }
 
-    /// Compiles a kernel once per row count, so its loops unroll and the
-    /// accumulators stay in registers.
-    macro_rules! by_rows {
-        ($kernel:ident::<$f:ty, $vnni:ident>($dots:expr $(, $arg:expr)*)) => {
-            match $dots.len() {
-                1 => $kernel::<$f, $vnni, 1>($($arg,)* $dots),
-                2 => $kernel::<$f, $vnni, 2>($($arg,)* $dots),
-                3 => $kernel::<$f, $vnni, 3>($($arg,)* $dots),
-                4 => $kernel::<$f, $vnni, 4>($($arg,)* $dots),
-                5 => $kernel::<$f, $vnni, 5>($($arg,)* $dots),
-                6 => $kernel::<$f, $vnni, 6>($($arg,)* $dots),
-                7 => $kernel::<$f, $vnni, 7>($($arg,)* $dots),
-                _ => $kernel::<$f, $vnni, 8>($($arg,)* $dots),
+    /// Runs `$e` with the const `$M` equal to the activation row count
+    /// `$m` (1..=8), so each count gets its own compiled kernel whose loops
+    /// unroll and whose accumulators stay in registers.
+    macro_rules! by_m {
+        ($m:expr, $M:ident => $e:expr) => {{
+            match $m {
+                1 => { const $M: usize = 1; $e }
+                2 => { const $M: usize = 2; $e }
+                3 => { const $M: usize = 3; $e }
+                4 => { const $M: usize = 4; $e }
+                5 => { const $M: usize = 5; $e }
+                6 => { const $M: usize = 6; $e }
+                7 => { const $M: usize = 7; $e }
+                _ => { const $M: usize = 8; $e }
             }
-        };
+        }};
+    }
+
+    /// Weight rows per k-quant kernel pass for `m` activation rows: one or
+    /// two rows are too little data to share, so the weight rows go one at
+    /// a time (more independent work per row in flight); from three on,
+    /// two weight rows share each activation load. Either way each output
+    /// is computed by the same instructions.
+    const fn k_pair(m: usize) -> usize {
+        if m >= 3 {
+            2
+        } else {
+            1
+        }
     }
 
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn by_type<const VNNI: bool>(
         ty: GgmlType,
-        row: &[u8],
+        w: *const u8,
+        rb: usize,
         act: &ActRows,
         r0: usize,
-        dots: &mut [f32],
+        m: usize,
+        dots: &mut [[f32; 8]],
         off: &mut [f32],
     ) {
         match ty {
-            GgmlType::Q4_0 => by_rows!(legacy_rows::<Q40, VNNI>(dots, row, act, r0, off)),
-            GgmlType::Q4_1 => by_rows!(legacy_rows::<Q41, VNNI>(dots, row, act, r0, off)),
-            GgmlType::Q5_0 => by_rows!(legacy_rows::<Q50, VNNI>(dots, row, act, r0, off)),
-            GgmlType::Q5_1 => by_rows!(legacy_rows::<Q51, VNNI>(dots, row, act, r0, off)),
-            GgmlType::Q8_0 => by_rows!(legacy_rows::<Q80, VNNI>(dots, row, act, r0, off)),
-            GgmlType::Q4_K => by_rows!(k_rows::<Q4K, VNNI>(dots, row, act, r0)),
-            GgmlType::Q5_K => by_rows!(k_rows::<Q5K, VNNI>(dots, row, act, r0)),
-            GgmlType::Q6_K => by_rows!(k_rows::<Q6K, VNNI>(dots, row, act, r0)),
+            GgmlType::Q4_0 => by_m!(m, M => legacy_rows::<Q40, VNNI, M>(w, rb, act, r0, off, dots)),
+            GgmlType::Q4_1 => by_m!(m, M => legacy_rows::<Q41, VNNI, M>(w, rb, act, r0, off, dots)),
+            GgmlType::Q5_0 => by_m!(m, M => legacy_rows::<Q50, VNNI, M>(w, rb, act, r0, off, dots)),
+            GgmlType::Q5_1 => by_m!(m, M => legacy_rows::<Q51, VNNI, M>(w, rb, act, r0, off, dots)),
+            GgmlType::Q8_0 => by_m!(m, M => legacy_rows::<Q80, VNNI, M>(w, rb, act, r0, off, dots)),
+            GgmlType::Q4_K => {
+                by_m!(m, M => k_rows::<Q4K, VNNI, M, { k_pair(M) }>(w, rb, act, r0, dots))
+            }
+            GgmlType::Q5_K => {
+                by_m!(m, M => k_rows::<Q5K, VNNI, M, { k_pair(M) }>(w, rb, act, r0, dots))
+            }
+            GgmlType::Q6_K => {
+                by_m!(m, M => k_rows::<Q6K, VNNI, M, { k_pair(M) }>(w, rb, act, r0, dots))
+            }
             _ => unreachable!("integer dot_rows called for {ty} without a kernel"),
         }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn dot_rows_avx2(
         ty: GgmlType,
-        row: &[u8],
+        w: *const u8,
+        row_bytes: usize,
         act: &ActRows,
         r0: usize,
-        dots: &mut [f32],
+        m: usize,
+        dots: &mut [[f32; 8]],
         off: &mut [f32],
     ) {
-        by_type::<false>(ty, row, act, r0, dots, off)
+        by_type::<false>(ty, w, row_bytes, act, r0, m, dots, off)
     }
 
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn dot_rows_vnni(
         ty: GgmlType,
-        row: &[u8],
+        w: *const u8,
+        row_bytes: usize,
         act: &ActRows,
         r0: usize,
-        dots: &mut [f32],
+        m: usize,
+        dots: &mut [[f32; 8]],
         off: &mut [f32],
     ) {
-        by_type::<true>(ty, row, act, r0, dots, off)
+        by_type::<true>(ty, w, row_bytes, act, r0, m, dots, off)
     }
 }
 
@@ -621,18 +771,19 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(4);
         for ty in TYPES {
             let k = 512;
-            let row = blocks(&mut rng, ty, 1, k);
+            let row = blocks(&mut rng, ty, 2, k);
             let a: Vec<f32> = (0..8 * k).map(|_| rng.random_range(-2.0f32..2.0)).collect();
             let mut act = ActRows::default();
             act.quantize(&a, 8, k, act_group(ty));
             let mut off = Vec::new();
             offset_scratch(&act, &mut off);
+            let rb = row.len() / 2;
             for m in 1..=8 {
-                let (mut x, mut y) = (vec![0f32; m], vec![0f32; m]);
+                let (mut x, mut y) = ([[0f32; 8]; 2], [[0f32; 8]; 2]);
                 // SAFETY: both entries' features were detected above.
                 unsafe {
-                    x86::dot_rows_avx2(ty, &row, &act, 0, &mut x, &mut off);
-                    x86::dot_rows_vnni(ty, &row, &act, 0, &mut y, &mut off);
+                    x86::dot_rows_avx2(ty, row.as_ptr(), rb, &act, 0, m, &mut x, &mut off);
+                    x86::dot_rows_vnni(ty, row.as_ptr(), rb, &act, 0, m, &mut y, &mut off);
                 }
                 assert_eq!(x, y, "{ty} m{m}");
             }

@@ -2,8 +2,8 @@
 //! memory (about a quarter to an eighth of f32).
 //!
 //! Types with an integer kernel (`int_dot`) quantize the activations to
-//! 8 bits once per call and stream every weight row against them in groups
-//! of eight rows, for any `m`: the same arithmetic for every row keeps
+//! 16-bit integers once per call and stream every weight row against them in
+//! groups of eight rows, for any `m`: the same arithmetic for every row keeps
 //! batched results equal to unbatched ones. Other types dequantize: rows
 //! through a per-thread f32 buffer for decode-sized batches, tiles handed to
 //! the blocked f32 GEMM for larger ones.
@@ -23,11 +23,6 @@ use crate::quant::dequantize;
 /// dequantized weight row once per group; above it, dequantizing a tile once
 /// and running the blocked GEMM is cheaper.
 const STREAMING_GROUPS: usize = 4;
-
-/// Activation rows the integer path runs against a task's weight rows before
-/// moving on, so they stay in L2 (64 rows of 4,864 values: 623 KB) while
-/// each weight row is re-read from L1.
-const ACT_CHUNK: usize = 64;
 
 /// Weight rows dequantized per tile in the large-`m` path.
 const TILE_ROWS: usize = 128;
@@ -94,8 +89,8 @@ pub(crate) fn gemm_gguf(
     }
 }
 
-/// Every weight row of a task against chunks of [`ACT_CHUNK`] activation
-/// rows, eight rows per kernel call.
+/// A task's weight rows (a few KB: they stay in L1/L2) against every group
+/// of eight activation rows in turn, one kernel call per group.
 fn integer(
     act: &ActRows,
     w: &[u8],
@@ -110,20 +105,18 @@ fn integer(
     (0..tasks).into_par_iter().for_each(|t| {
         with_scratch(&OFFSETS, |off| {
             int_dot::offset_scratch(act, off);
-            let mut dots = [0f32; STREAMING_MAX_M];
+            let mut dots = [[0f32; STREAMING_MAX_M]; ROWS_PER_TASK];
             let rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(n);
-            for c0 in (0..m).step_by(ACT_CHUNK) {
-                let c1 = (c0 + ACT_CHUNK).min(m);
-                for j in rows.clone() {
-                    let wrow = &w[j * row_bytes..(j + 1) * row_bytes];
-                    for g0 in (c0..c1).step_by(STREAMING_MAX_M) {
-                        let gm = STREAMING_MAX_M.min(c1 - g0);
-                        int_dot::dot_rows(ty, wrow, act, g0, &mut dots[..gm], off);
-                        for (i, &d) in dots[..gm].iter().enumerate() {
-                            // SAFETY: g0 + i < m, j < n; only this task
-                            // writes column j.
-                            unsafe { *ptr.get().add((g0 + i) * n + j) = d };
-                        }
+            let dots = &mut dots[..rows.len()];
+            let wrows = &w[rows.start * row_bytes..rows.end * row_bytes];
+            for g0 in (0..m).step_by(STREAMING_MAX_M) {
+                let gm = STREAMING_MAX_M.min(m - g0);
+                int_dot::dot_rows(ty, wrows, act, g0, gm, dots, off);
+                for (i, j) in rows.clone().enumerate() {
+                    for (c, &d) in dots[i][..gm].iter().enumerate() {
+                        // SAFETY: g0 + c < m, j < n; only this task writes
+                        // column j.
+                        unsafe { *ptr.get().add((g0 + c) * n + j) = d };
                     }
                 }
             }
