@@ -315,12 +315,9 @@ impl<B: Backend> LlamaModel<B> {
         let mode = if c.qk_norm { 1 } else { 2 };
         for (l, lw) in self.w.layers.iter().enumerate() {
             // Attention.
+            let qkv = [&mut s.q, &mut s.k, &mut s.v];
             lw.qkv
-                .forward(ctx, &s.xn, &mut s.qkv, rows, qd + 2 * kvd, h)?;
-            if let Some(b) = &lw.qkv_bias {
-                B::add_bias(ctx, &mut s.qkv, b, rows, qd + 2 * kvd);
-            }
-            B::split_qkv(ctx, &s.qkv, &mut s.q, &mut s.k, &mut s.v, rows, qd, kvd);
+                .forward(ctx, &s.xn, &mut s.qkv, qkv, rows, qd, kvd, h)?;
             let sliding = c.sliding[l];
             let (cos, sin) = match (&self.local_rope, sliding) {
                 (Some((lc, ls)), true) => (lc, ls),

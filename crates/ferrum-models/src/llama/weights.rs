@@ -230,9 +230,10 @@ impl<B: Backend> Linear<B> {
     }
 }
 
-/// Concatenates row blocks into one weight, keeping blocks when every part
-/// has the same block type and falling back to f32 otherwise.
-fn fuse(parts: Vec<(Raw, usize)>, k: usize) -> Result<Raw> {
+/// Concatenates row blocks into one weight when every part has the same
+/// format (all the same block type, or all f32); otherwise hands the parts
+/// back.
+fn fuse(parts: Vec<(Raw, usize)>) -> std::result::Result<Raw, Vec<(Raw, usize)>> {
     let same_blocks = match parts.first() {
         Some((Raw::Blocks { ty, .. }, _)) => {
             let t = *ty;
@@ -252,11 +253,30 @@ fn fuse(parts: Vec<(Raw, usize)>, k: usize) -> Result<Raw> {
         }
         return Ok(Raw::Blocks { bytes, ty });
     }
-    let mut all = Vec::new();
-    for (r, rows) in parts {
-        all.extend(r.to_f32(rows, k)?);
+    if parts.iter().all(|(r, _)| matches!(r, Raw::F32(_))) {
+        let mut all = Vec::new();
+        for (r, _) in parts {
+            if let Raw::F32(v) = r {
+                all.extend(v);
+            }
+        }
+        return Ok(Raw::F32(all));
     }
-    Ok(Raw::F32(all))
+    Err(parts)
+}
+
+/// [`fuse`], falling back to f32 for parts of mixed formats.
+fn fuse_or_f32(parts: Vec<(Raw, usize)>, k: usize) -> Result<Raw> {
+    match fuse(parts) {
+        Ok(raw) => Ok(raw),
+        Err(parts) => {
+            let mut all = Vec::new();
+            for (r, rows) in parts {
+                all.extend(r.to_f32(rows, k)?);
+            }
+            Ok(Raw::F32(all))
+        }
+    }
 }
 
 /// The token embedding table, for lookups.
@@ -310,11 +330,67 @@ impl<B: Backend> Embedding<B> {
 }
 
 /// One transformer block's weights in backend memory.
+/// The Q, K and V projections and their biases.
+pub enum Qkv<B: Backend> {
+    /// One `[q_dim + 2·kv_dim, hidden]` GEMM, when the three share a format.
+    Fused {
+        w: Linear<B>,
+        bias: Option<B::Buffer>,
+    },
+    /// Three GEMMs straight into Q, K and V when they do not (Qwen2.5's
+    /// Q4_K_M files mix Q5_0 Q/K with Q8_0 V): fusing them would need f32
+    /// weights, four to seven times the bytes read per token.
+    Split {
+        parts: [Linear<B>; 3],
+        bias: Option<[B::Buffer; 3]>,
+    },
+}
+
+impl<B: Backend> Qkv<B> {
+    /// Projects `x[m, hidden]` into `q[m, qd]`, `k[m, kvd]` and `v[m, kvd]`
+    /// (biases added); `fused` is scratch of `m·(qd + 2·kvd)` values.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        ctx: &mut B::Context,
+        x: &B::Buffer,
+        fused: &mut B::Buffer,
+        [q, k, v]: [&mut B::Buffer; 3],
+        m: usize,
+        qd: usize,
+        kvd: usize,
+        hidden: usize,
+    ) -> Result<()> {
+        match self {
+            Qkv::Fused { w, bias } => {
+                w.forward(ctx, x, fused, m, qd + 2 * kvd, hidden)?;
+                if let Some(b) = bias {
+                    B::add_bias(ctx, fused, b, m, qd + 2 * kvd);
+                }
+                B::split_qkv(ctx, fused, q, k, v, m, qd, kvd);
+            }
+            Qkv::Split { parts, bias } => {
+                for ((w, out), n) in parts
+                    .iter()
+                    .zip([&mut *q, &mut *k, &mut *v])
+                    .zip([qd, kvd, kvd])
+                {
+                    w.forward(ctx, x, out, m, n, hidden)?;
+                }
+                if let Some(bias) = bias {
+                    for ((b, out), n) in bias.iter().zip([q, k, v]).zip([qd, kvd, kvd]) {
+                        B::add_bias(ctx, out, b, m, n);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 pub struct LayerWeights<B: Backend> {
     pub attn_norm: B::Buffer,
-    /// Fused `[q_dim + 2·kv_dim, hidden]`.
-    pub qkv: Linear<B>,
-    pub qkv_bias: Option<B::Buffer>,
+    pub qkv: Qkv<B>,
     pub o: Linear<B>,
     pub q_norm: Option<B::Buffer>,
     pub k_norm: Option<B::Buffer>,
@@ -383,20 +459,36 @@ impl<B: Backend> Weights<B> {
                 k = k.permute_rows(kvd, gguf_row_of(hd));
             }
             let v = require(src, &name(V, i), kvd * h)?;
-            let qkv = fuse(vec![(q, qd), (k, kvd), (v, kvd)], h)?;
-            let qkv_bias = if cfg.qkv_bias {
+            let bias = if cfg.qkv_bias {
                 let mut qb = vector(src, &name(QBias, i), qd)?;
                 let mut kb = vector(src, &name(KBias, i), kvd)?;
                 if permuted {
                     qb = gather_rows(&qb, qd, &gguf_row_of(hd));
                     kb = gather_rows(&kb, kvd, &gguf_row_of(hd));
                 }
-                let vb = vector(src, &name(VBias, i), kvd)?;
-                Some(B::from_slice(&[qb, kb, vb].concat()))
+                Some([qb, kb, vector(src, &name(VBias, i), kvd)?])
             } else {
                 None
             };
-            let gate_up = fuse(
+            let qkv = match fuse(vec![(q, qd), (k, kvd), (v, kvd)]) {
+                Ok(w) => Qkv::Fused {
+                    w: Linear::upload(w),
+                    bias: bias.map(|b| B::from_slice(&b.concat())),
+                },
+                Err(parts) => {
+                    let mut parts = parts.into_iter().map(|(r, _)| Linear::upload(r));
+                    let mut next = || {
+                        parts
+                            .next()
+                            .ok_or_else(|| FerrumError::invalid("qkv parts"))
+                    };
+                    Qkv::Split {
+                        parts: [next()?, next()?, next()?],
+                        bias: bias.map(|b| b.map(|b| B::from_slice(&b))),
+                    }
+                }
+            };
+            let gate_up = fuse_or_f32(
                 vec![
                     (require(src, &name(Gate, i), im * h)?, im),
                     (require(src, &name(Up, i), im * h)?, im),
@@ -407,8 +499,7 @@ impl<B: Backend> Weights<B> {
                 |role, n| -> Result<Option<B::Buffer>> { Ok(Some(norm(&name(role, i), n)?)) };
             layers.push(LayerWeights {
                 attn_norm: norm(&name(AttnNorm, i), h)?,
-                qkv: Linear::upload(qkv),
-                qkv_bias,
+                qkv,
                 o: Linear::upload(require(src, &name(O, i), h * qd)?),
                 q_norm: if cfg.qk_norm {
                     opt_norm(QNorm, hd)?
@@ -512,8 +603,10 @@ impl<B: Backend> Weights<B> {
         for _ in 0..cfg.layers {
             layers.push(LayerWeights {
                 attn_norm: ones(h),
-                qkv: linear(qd + 2 * kvd, h)?,
-                qkv_bias: cfg.qkv_bias.then(|| B::alloc(qd + 2 * kvd)),
+                qkv: Qkv::Fused {
+                    w: linear(qd + 2 * kvd, h)?,
+                    bias: cfg.qkv_bias.then(|| B::alloc(qd + 2 * kvd)),
+                },
                 o: linear(h, qd)?,
                 q_norm: cfg.qk_norm.then(|| ones(cfg.head_dim)),
                 k_norm: cfg.qk_norm.then(|| ones(cfg.head_dim)),
