@@ -3,12 +3,12 @@
 //!
 //! Weight values are unpacked to i16 and multiplied with the activations in
 //! pairs into i32 lanes (`VPDPWSSD` where AVX-512 VNNI exists, else
-//! `PMADDWD`: the same integers, as no sum can overflow). Legacy blocks
-//! reduce the integer dots of eight blocks to one vector, one lane per
-//! block, and scale all eight at once; k-quants first multiply the weights
-//! by their integer sub-block scales, accumulate a whole 256-value block in
-//! integers and convert once. Both keep float work to a few instructions
-//! per 256 values, which is what makes decode reach memory bandwidth.
+//! `PMADDWD`: the same integers, as no sum can overflow). A legacy block's
+//! eight i32 lanes are converted and accumulated with the block's combined
+//! scale by one FMA, with no horizontal reduction per block (shuffles were
+//! the bottleneck of batched rows); k-quants first multiply the weights by
+//! their integer sub-block scales, accumulate a whole 256-value block in
+//! integers and convert once.
 //!
 //! Every output is produced by the same instruction sequence whatever the
 //! number of rows it is computed with, so a sequence's logits do not depend
@@ -402,8 +402,8 @@ pub(super) mod x86 {
         std::array::from_fn(|r| w.add((j + r).min(n - 1) * row_bytes))
     }
 
-    /// Blocks per step of the legacy kernel: their integer dots are reduced
-    /// to one f32 lane each and scaled together.
+    /// Blocks per step of the legacy kernel: their f16 scales are converted
+    /// and multiplied by the activation scales eight at a time.
     const STEP: usize = 8;
 
     /// Eight f16 values at `p + i·stride` (lanes `i ≥ n` zero) as f32.
@@ -428,23 +428,12 @@ pub(super) mod x86 {
         ))
     }
 
-    /// One i32 lane per vector: lane `b` of the result is the sum of the
-    /// lanes of `v[b]` (exact: integer adds).
-    #[inline(always)]
-    unsafe fn reduce8(v: &[__m256i; STEP]) -> __m256i {
-        let h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-        let h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-        _mm256_add_epi32(
-            _mm256_permute2x128_si256(h0123, h4567, 0x20),
-            _mm256_permute2x128_si256(h0123, h4567, 0x31),
-        )
-    }
-
     /// Blocks `b0..b0 + nv` (`nv ≤ STEP`) of one weight row against `M`
     /// activation rows into `acc`. Called with `nv = STEP` (a constant once
     /// inlined, so the loops unroll without tests) except for a short last
-    /// step, which leaves lanes zero: zero weight scales and the activation
-    /// scales' zero padding.
+    /// step, whose offset lanes past `nv` are zero. Each block's weights are
+    /// unpacked once and used for all `M` rows while the `M` accumulators
+    /// stay in registers.
     #[inline(always)]
     unsafe fn legacy_step<F: Legacy, const VNNI: bool, const M: usize>(
         row: *const u8,
@@ -457,11 +446,6 @@ pub(super) mod x86 {
     ) {
         let (k, stride) = (act.k, act.stride);
         let p = row.add(b0 * F::BYTES);
-        let mut wv = [[_mm256_setzero_si256(); 2]; STEP];
-        for (b, wv) in wv.iter_mut().enumerate().take(nv) {
-            let (lo, hi) = F::values::<VNNI>(p.add(b * F::BYTES));
-            *wv = [lo, hi];
-        }
         let sw = f16x8(p, F::BYTES, nv);
         // `stride` is a multiple of STEP, so the eight lanes fit.
         let o = off.as_mut_ptr().add(b0);
@@ -470,29 +454,32 @@ pub(super) mod x86 {
             Offset::Min => _mm256_storeu_ps(o, f16x8(p.add(2), F::BYTES, nv)),
             Offset::Neg16 => _mm256_storeu_ps(o, _mm256_mul_ps(sw, _mm256_set1_ps(-16.0))),
         }
-        for (c, acc) in acc.iter_mut().enumerate() {
-            let a = act.qs.as_ptr().add((r0 + c) * k + 32 * b0);
-            let mut v = [_mm256_setzero_si256(); STEP];
-            for (b, (v, &[lo, hi])) in v.iter_mut().zip(&wv).enumerate().take(nv) {
-                let a = a.add(32 * b);
+        // Each block's scale for each activation row, read back one lane
+        // at a time as a broadcast (a load, not a shuffle).
+        let mut s = [[0f32; STEP]; M];
+        for (c, s) in s.iter_mut().enumerate() {
+            let da = _mm256_loadu_ps(act.d.as_ptr().add((r0 + c) * stride + b0));
+            _mm256_storeu_ps(s.as_mut_ptr(), _mm256_mul_ps(sw, da));
+        }
+        // `b` indexes the inner dimension of `s`, which no iterator covers.
+        #[allow(clippy::needless_range_loop)]
+        for b in 0..nv {
+            let (lo, hi) = F::values::<VNNI>(p.add(b * F::BYTES));
+            for (c, acc) in acc.iter_mut().enumerate() {
+                let a = act.qs.as_ptr().add((r0 + c) * k + 32 * (b0 + b));
                 let (a0, a1) = (
                     _mm256_loadu_si256(a.cast()),
                     _mm256_loadu_si256(a.add(16).cast()),
                 );
-                *v = dot16::<VNNI>(_mm256_madd_epi16(lo, a0), hi, a1);
+                let v = dot16::<VNNI>(_mm256_madd_epi16(lo, a0), hi, a1);
+                let sb = _mm256_broadcast_ss(&s[c][b]);
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), sb, *acc);
             }
-            let x = _mm256_mul_ps(_mm256_cvtepi32_ps(reduce8(&v)), sw);
-            let da = _mm256_loadu_ps(act.d.as_ptr().add((r0 + c) * stride + b0));
-            *acc = _mm256_fmadd_ps(x, da, *acc);
         }
     }
 
-    /// Legacy blocks, eight at a time: each block's integer dot is reduced
-    /// to one lane, so converting and scaling (by eight weight scales and
-    /// the eight activation scales, which are contiguous) is one vector op
-    /// per eight blocks rather than per block. The unpacked weights of a
-    /// step are kept for all `M` activation rows. Float offsets are one
-    /// short dot with the activation group sums after the loop.
+    /// Legacy blocks, eight at a time (see [`legacy_step`]). Float offsets
+    /// are one short dot with the activation group sums after the loop.
     #[inline(always)]
     unsafe fn legacy_rows<F: Legacy, const VNNI: bool, const M: usize>(
         w: *const u8,
