@@ -5,9 +5,10 @@
 //! gets an f32 scale `d = max|x| / ACT_MAX` and 16-bit values
 //! `q = round_half_even(x / d)` in `-ACT_MAX..=ACT_MAX`. Fifteen bits keep the
 //! rounding error about 100x below 8-bit activations (ggml's `Q8_K`), whose
-//! noise moved perplexity by 0.2-0.3% on our reference models; with 16-bit
-//! products (`VPDPWSSD` / `PMADDWD`) the cost per value is about the same as
-//! 8-bit ones in these kernels, where the float scaling dominates.
+//! noise moved perplexity by 0.2-0.3% on our reference models. On AVX2 they
+//! cost no more multiplies: two `PMADDWD` per 32 values, as 8-bit values need
+//! `PMADDUBSW` plus a widening `PMADDWD` (and one `VPDPWSSD` does 32 with
+//! AVX-512 VNNI); the price is twice the activation bytes, which stay in L1.
 //!
 //! This scalar version is the reference that the vectorized CPU quantizer
 //! matches bit for bit.
