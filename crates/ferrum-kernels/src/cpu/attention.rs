@@ -273,12 +273,9 @@ fn attend_block<R: KvRows>(
             }
             let qv = &q[q_row(r)..q_row(r) + hd];
             let s = &mut scores[r * KV_TILE..r * KV_TILE + (j1 - j0)];
-            let mut tile_max = f32::NEG_INFINITY;
             let tile = &offs[j0 - t0..j1 - t0];
-            for (sj, &kr) in s.iter_mut().zip(tile) {
-                *sj = cfg.scale * simd::dot(qv, &k[kr..kr + hd]);
-                tile_max = tile_max.max(*sj);
-            }
+            simd::dot_many(qv, k, tile, cfg.scale, s);
+            let tile_max = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
             let m_new = m[r].max(tile_max);
             let tile_sum = simd::exp_sub_sum(s, m_new);
             let o = &mut acc[r * hd..(r + 1) * hd];
@@ -289,9 +286,7 @@ fn attend_block<R: KvRows>(
             }
             l[r] += tile_sum;
             m[r] = m_new;
-            for (&p, &vr) in s.iter().zip(tile) {
-                simd::axpy(o, p, &v[vr..vr + hd]);
-            }
+            simd::axpy_many(o, s, v, tile);
         }
         t0 = t1;
     }
