@@ -329,7 +329,6 @@ impl<B: Backend> Embedding<B> {
     }
 }
 
-/// One transformer block's weights in backend memory.
 /// The Q, K and V projections and their biases.
 pub enum Qkv<B: Backend> {
     /// One `[q_dim + 2·kv_dim, hidden]` GEMM, when the three share a format.
@@ -388,6 +387,7 @@ impl<B: Backend> Qkv<B> {
     }
 }
 
+/// One transformer block's weights in backend memory.
 pub struct LayerWeights<B: Backend> {
     pub attn_norm: B::Buffer,
     pub qkv: Qkv<B>,
@@ -476,14 +476,11 @@ impl<B: Backend> Weights<B> {
                     bias: bias.map(|b| B::from_slice(&b.concat())),
                 },
                 Err(parts) => {
-                    let mut parts = parts.into_iter().map(|(r, _)| Linear::upload(r));
-                    let mut next = || {
-                        parts
-                            .next()
-                            .ok_or_else(|| FerrumError::invalid("qkv parts"))
-                    };
+                    let parts: [(Raw, usize); 3] = parts
+                        .try_into()
+                        .map_err(|_| FerrumError::invalid("fuse returned other than 3 parts"))?;
                     Qkv::Split {
-                        parts: [next()?, next()?, next()?],
+                        parts: parts.map(|(r, _)| Linear::upload(r)),
                         bias: bias.map(|b| b.map(|b| B::from_slice(&b))),
                     }
                 }
