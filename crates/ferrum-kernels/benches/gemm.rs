@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use ferrum_kernels::{pack_bytes, Backend, CpuBackend, GgufQuantType, QuantKind, QuantWeights};
+use ferrum_kernels::{Backend, CpuBackend, GgufQuantType, QuantKind, QuantWeights};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 fn bench_gemm(c: &mut Criterion) {
@@ -81,7 +81,7 @@ fn bench_gemm_quant(c: &mut Criterion) {
         (Q6K, 896, 4864),
     ] {
         let bytes = random_blocks(&mut rng, t, n, k);
-        let qw = CpuBackend::from_slice(&pack_bytes(&bytes));
+        let qw = CpuBackend::load_gguf(&bytes, t, n, k).unwrap_or_else(|e| panic!("{e}"));
         let weights = QuantWeights::<CpuBackend> {
             qweight: &qw,
             scales: None,

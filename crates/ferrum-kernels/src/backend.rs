@@ -92,9 +92,9 @@ impl GgufQuantType {
 ///
 /// Formats that keep scales inside their blocks (all GGUF types) use only
 /// `qweight`; the backend checks that the buffers it needs are present.
-/// GGUF blocks travel in an ordinary buffer as raw bits (see
-/// [`pack_bytes`]): the buffer's memory *is* the `[n, k]` weight in the
-/// file's block layout, so no per-backend upload method is needed.
+/// GGUF blocks travel in an ordinary buffer as raw bits, in the layout
+/// [`Backend::load_gguf`] chose: the file's, unless the backend re-lays
+/// them out for its kernels.
 pub struct QuantWeights<'a, B: Backend> {
     pub qweight: &'a B::Buffer,
     pub scales: Option<&'a B::Buffer>,
@@ -629,6 +629,21 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn from_slice(data: &[f32]) -> Self::Buffer;
 
     // ── Quantized GEMM ────────────────────────────────────────────────────
+
+    /// Prepares one GGUF weight (`n` rows of `k` values in `quant_type`
+    /// blocks, `bytes` as in the file) for [`Backend::gemm_quant`], once at
+    /// load. A backend may re-lay the blocks out for its kernels (the CPU
+    /// interleaves rows), so such a buffer is only meaningful to
+    /// `gemm_quant`; the default keeps the file's bytes (see [`pack_bytes`]).
+    fn load_gguf(
+        bytes: &[u8],
+        quant_type: GgufQuantType,
+        n: usize,
+        k: usize,
+    ) -> Result<Self::Buffer> {
+        let _ = (quant_type, n, k);
+        Ok(Self::from_slice(&pack_bytes(bytes)))
+    }
 
     /// `out[m, n] = a[m, k] · dequant(w)[n, k]ᵀ` with `w` packed as `kind`.
     /// Backends implement the kinds they have kernels for; the rest report

@@ -39,12 +39,23 @@ fn random_blocks(rng: &mut StdRng, t: GgufQuantType, rows: usize, k: usize) -> V
     bytes
 }
 
-/// `gemm_quant` of `m` random rows against `bytes` (`n` rows of type `t`).
+/// `gemm_quant` of `m` random rows against `bytes` (`n` rows of type `t`),
+/// loaded as a model loads them.
 fn run_gemm(t: GgufQuantType, bytes: &[u8], a: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
-    let qw = B::from_slice(&pack_bytes(bytes));
+    run_gemm_on(&B::load_gguf(bytes, t, n, k).unwrap(), t, a, m, n, k)
+}
+
+fn run_gemm_on(
+    qw: &<B as Backend>::Buffer,
+    t: GgufQuantType,
+    a: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Vec<f32> {
     let mut out = B::from_slice(&vec![f32::NAN; m * n]);
     let weights = QuantWeights::<B> {
-        qweight: &qw,
+        qweight: qw,
         scales: None,
         zeros: None,
         g_idx: None,
@@ -67,11 +78,12 @@ fn run_gemm(t: GgufQuantType, bytes: &[u8], a: &[f32], m: usize, n: usize, k: us
 /// Types with an integer kernel: the activations are quantized to 15 bits
 /// per `group` values, so the reference uses those dequantized activations
 /// `â`. Error sources: the f32 products of the scales and the f32 sums over
-/// blocks, minimums and lanes (at most `G + 16` roundings for `G` groups;
-/// the integer sums are exact, and their conversion rounds once), on terms
-/// bounded by `|â|` times three times the row's largest `|w|` (a block's
-/// offset and `d·q` are each bounded by it). Against the unquantized `a`, the
-/// rounding of each activation (at most `d/2`) adds `Σ d_g/2 · Σ|w_g|`.
+/// blocks, minimums and lanes (at most `3B + 16` roundings for `B` 32-value
+/// blocks: a scale product and one or two FMAs per block; the integer sums
+/// are exact, and their conversion rounds once), on terms bounded by `|â|`
+/// times three times the row's largest `|w|` (a block's offset and `d·q` are
+/// each bounded by it). Against the unquantized `a`, the rounding of each
+/// activation (at most `d/2`) adds `Σ d_g/2 · Σ|w_g|`.
 #[allow(clippy::too_many_arguments)]
 fn check_integer(
     t: GgufQuantType,
@@ -106,7 +118,7 @@ fn check_integer(
                 quant_err += dq / 2.0 * (wr[c] as f64).abs();
             }
             let got = got[i * n + j] as f64;
-            let tol = (blocks as f64 + 16.0) * 2f64.powi(-24) * mag + 1e-30;
+            let tol = (3.0 * blocks as f64 + 16.0) * 2f64.powi(-24) * mag + 1e-30;
             assert!(
                 (got - want).abs() <= tol,
                 "{t:?} m{m} n{n} [{i},{j}]: {got} vs {want} (tol {tol})"
@@ -187,6 +199,26 @@ fn rows_do_not_depend_on_their_batch() {
     }
 }
 
+/// Blocks uploaded as plain words (not through `load_gguf`) keep the file's
+/// layout and are read as such, by the f32 path.
+#[test]
+fn blocks_in_the_file_layout_still_compute() {
+    let mut rng = StdRng::seed_from_u64(12);
+    for t in [
+        GgufQuantType::Q4_1,
+        GgufQuantType::Q5_0,
+        GgufQuantType::Q8_0,
+    ] {
+        let (m, n, k) = (3, 19, 64);
+        let bytes = random_blocks(&mut rng, t, n, k);
+        let mut w = vec![0f32; n * k];
+        dequantize(t.ggml(), &bytes, &mut w).unwrap();
+        let a: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let got = run_gemm_on(&B::from_slice(&pack_bytes(&bytes)), t, &a, m, n, k);
+        check_f32(t, &w, &a, &got, m, n, k);
+    }
+}
+
 #[test]
 fn short_buffers_and_ragged_k_are_errors() {
     let t = GgufQuantType::Q8_0;
@@ -209,4 +241,32 @@ fn short_buffers_and_ragged_k_are_errors() {
         B::gemm_quant(&mut (), &a, &w, &mut out, 1, 2, 48, &kind).is_err(),
         "k not whole blocks"
     );
+    // The same through load_gguf (interleaved where the CPU has the kernel).
+    let qw = B::load_gguf(&[0u8; 34 * 4], t, 2, 64).unwrap();
+    let w = QuantWeights::<B> {
+        qweight: &qw,
+        scales: None,
+        zeros: None,
+        g_idx: None,
+    };
+    assert!(B::gemm_quant(&mut (), &a, &w, &mut out, 1, 2, 64, &kind).is_ok());
+    assert!(
+        B::gemm_quant(&mut (), &a, &w, &mut out, 1, 9, 64, &kind).is_err(),
+        "weight too short"
+    );
+    assert!(
+        B::gemm_quant(&mut (), &a, &w, &mut out, 1, 2, 48, &kind).is_err(),
+        "k not whole blocks"
+    );
+    if integer_activation_group(t) == Some(32) {
+        let other = QuantKind::Gguf {
+            quant_type: GgufQuantType::Q4_0,
+        };
+        assert!(
+            B::gemm_quant(&mut (), &a, &w, &mut out, 1, 2, 64, &other).is_err(),
+            "interleaved Q8_0 read as Q4_0"
+        );
+    }
+    assert!(B::load_gguf(&[0u8; 34 * 3], t, 2, 64).is_err(), "short");
+    assert!(B::load_gguf(&[0u8; 34 * 4], t, 2, 48).is_err(), "ragged k");
 }

@@ -135,3 +135,32 @@ mod x86 {
         }
     }
 }
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+
+    use super::{quantize_act, ActRows};
+
+    /// The vector quantizer writes exactly the scalar reference's values.
+    #[test]
+    fn vector_quantizer_matches_the_reference() {
+        if !super::super::simd::has_avx2() {
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(3);
+        for group in [32, 256] {
+            let (m, k) = (3, 512);
+            let a: Vec<f32> = (0..m * k).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+            let mut act = ActRows::default();
+            act.quantize(&a, m, k, group);
+            for r in 0..m {
+                let mut qs = vec![0i16; k];
+                let mut d = vec![0f32; k / group];
+                quantize_act(&a[r * k..(r + 1) * k], group, &mut qs, &mut d);
+                assert_eq!(qs, act.qs[r * k..(r + 1) * k], "group {group} row {r}");
+                assert_eq!(d, act.d[r * act.stride..r * act.stride + k / group]);
+            }
+        }
+    }
+}

@@ -1,11 +1,31 @@
 //! The CPU backend: f32 activations, all cores through rayon's global pool,
 //! AVX2/FMA kernels chosen at run time with scalar fallbacks.
 
+/// Runs `$e` with the const `$M` equal to the activation row count `$m`
+/// (1..=8), so each count gets its own compiled kernel whose loops unroll
+/// and whose accumulators stay in registers.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_m {
+    ($m:expr, $M:ident => $e:expr) => {{
+        match $m {
+            1 => { const $M: usize = 1; $e }
+            2 => { const $M: usize = 2; $e }
+            3 => { const $M: usize = 3; $e }
+            4 => { const $M: usize = 4; $e }
+            5 => { const $M: usize = 5; $e }
+            6 => { const $M: usize = 6; $e }
+            7 => { const $M: usize = 7; $e }
+            _ => { const $M: usize = 8; $e }
+        }
+    }};
+}
+
 mod act_quant;
 mod activation;
 mod attention;
 mod gptq;
 mod int_dot;
+mod interleaved;
 mod layout;
 mod matmul;
 mod norm;
@@ -20,7 +40,7 @@ use rayon::prelude::*;
 
 pub use gptq::CpuGptqWeight;
 
-use crate::{packed_bytes, AttnConfig, Backend, PagedKv, QuantKind, QuantWeights};
+use crate::{packed_bytes, AttnConfig, Backend, GgufQuantType, PagedKv, QuantKind, QuantWeights};
 
 /// Element-wise work below this many values stays on the calling thread:
 /// waking the pool costs more than it saves (decode-sized rows).
@@ -67,11 +87,16 @@ pub fn simd_level() -> &'static str {
     }
 }
 
-/// The activation group size when `gemm_quant` with `ty` weights quantizes
-/// the activations ([`crate::quant::act`]) and uses integer dot products on
-/// this CPU; `None` where it computes in f32.
+/// The activation group size when `gemm_quant` with `ty` weights (loaded
+/// by [`Backend::load_gguf`]) quantizes the activations
+/// ([`crate::quant::act`]) and uses integer dot products on this CPU;
+/// `None` where it computes in f32.
 pub fn integer_activation_group(ty: crate::GgufQuantType) -> Option<usize> {
-    int_dot::supports(ty.ggml()).then(|| int_dot::act_group(ty.ggml()))
+    if interleaved::supports(ty.ggml()) {
+        Some(32)
+    } else {
+        int_dot::supports(ty.ggml()).then_some(int_dot::ACT_GROUP)
+    }
 }
 
 /// Worker threads the CPU kernels split work over: the current rayon pool's
@@ -104,31 +129,41 @@ pub fn on_pool<R: Send>(
 }
 
 /// A host buffer of f32 values.
+///
+/// Weights from [`Backend::load_gguf`] may hold blocks in the interleaved
+/// layout of the CPU kernels instead (`interleaved` names their type), so
+/// that `gemm_quant` never reads one layout as the other.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct CpuBuffer(Vec<f32>);
+pub struct CpuBuffer {
+    data: Vec<f32>,
+    interleaved: Option<ferrum_types::GgmlType>,
+}
 
 impl CpuBuffer {
     /// Takes ownership of `data` without copying.
     pub fn from_vec(data: Vec<f32>) -> Self {
-        Self(data)
+        Self {
+            data,
+            interleaved: None,
+        }
     }
 
     /// Gives the values back.
     pub fn into_vec(self) -> Vec<f32> {
-        self.0
+        self.data
     }
 }
 
 impl Deref for CpuBuffer {
     type Target = [f32];
     fn deref(&self) -> &[f32] {
-        &self.0
+        &self.data
     }
 }
 
 impl DerefMut for CpuBuffer {
     fn deref_mut(&mut self) -> &mut [f32] {
-        &mut self.0
+        &mut self.data
     }
 }
 
@@ -193,6 +228,7 @@ impl Backend for CpuBackend {
                 a,
                 packed_bytes(weights.qweight),
                 quant_type.ggml(),
+                weights.qweight.interleaved,
                 out,
                 m,
                 n,
@@ -451,7 +487,7 @@ impl Backend for CpuBackend {
     }
 
     fn alloc(len: usize) -> Self::Buffer {
-        CpuBuffer(vec![0.0; len])
+        CpuBuffer::from_vec(vec![0.0; len])
     }
 
     fn to_vec(buf: &Self::Buffer, len: usize) -> Vec<f32> {
@@ -459,6 +495,33 @@ impl Backend for CpuBackend {
     }
 
     fn from_slice(data: &[f32]) -> Self::Buffer {
-        CpuBuffer(data.to_vec())
+        CpuBuffer::from_vec(data.to_vec())
+    }
+
+    /// The 32-value block types are interleaved eight rows at a time where
+    /// the CPU has their kernels (`interleaved`); other types stay as in
+    /// the file.
+    fn load_gguf(
+        bytes: &[u8],
+        quant_type: GgufQuantType,
+        n: usize,
+        k: usize,
+    ) -> Result<Self::Buffer> {
+        let ty = quant_type.ggml();
+        let (bs, bb) = (ty.block_size(), ty.block_bytes());
+        if !k.is_multiple_of(bs) || bytes.len() != n * (k / bs) * bb {
+            return Err(FerrumError::invalid(format!(
+                "{} bytes are not {n} rows of {k} values in {ty} blocks",
+                bytes.len()
+            )));
+        }
+        if interleaved::supports(ty) {
+            Ok(CpuBuffer {
+                data: interleaved::repack(bytes, ty, n, k)?,
+                interleaved: Some(ty),
+            })
+        } else {
+            Ok(CpuBuffer::from_vec(crate::pack_bytes(bytes)))
+        }
     }
 }

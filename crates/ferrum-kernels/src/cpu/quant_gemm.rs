@@ -1,12 +1,14 @@
-//! GEMM against GGUF-quantized weights, which stay in their file blocks in
-//! memory (about a quarter to an eighth of f32).
+//! GEMM against GGUF-quantized weights, which stay in blocks in memory
+//! (about a quarter to an eighth of f32).
 //!
-//! Types with an integer kernel (`int_dot`) quantize the activations to
-//! 16-bit integers once per call and stream every weight row against them in
-//! groups of eight rows, for any `m`: the same arithmetic for every row keeps
-//! batched results equal to unbatched ones. Other types dequantize: rows
-//! through a per-thread f32 buffer for decode-sized batches, tiles handed to
-//! the blocked f32 GEMM for larger ones.
+//! Types with an integer kernel quantize the activations to 16-bit integers
+//! once per call and stream every weight row against them in groups of
+//! eight activation rows, for any `m`: the same arithmetic for every row
+//! keeps batched results equal to unbatched ones. The 32-value block types
+//! are interleaved at load (`interleaved`); the k-quants keep the file's
+//! layout (`int_dot`). Other types dequantize: rows through a per-thread
+//! f32 buffer for decode-sized batches, tiles handed to the blocked f32 GEMM
+//! for larger ones.
 
 use std::cell::RefCell;
 
@@ -14,9 +16,9 @@ use ferrum_types::{FerrumError, GgmlType, Result};
 use rayon::prelude::*;
 
 use super::act_quant::ActRows;
-use super::int_dot;
 use super::matmul::{blocked, multi_dot, ROWS_PER_TASK, STREAMING_MAX_M};
 use super::SyncPtr;
+use super::{int_dot, interleaved};
 use crate::quant::dequantize;
 
 /// Up to this many groups of `STREAMING_MAX_M` activation rows stream each
@@ -31,7 +33,6 @@ thread_local! {
     static ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     static ACT: RefCell<ActRows> = RefCell::new(ActRows::default());
-    static OFFSETS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Runs `f` with this thread's cached value of `key`, or with a fresh one
@@ -47,17 +48,38 @@ fn with_scratch<T: Default + 'static, R>(
     })
 }
 
-/// `out[m, n] = a[m, k] · dequant(w)[n, k]ᵀ` with `w` in `ty` blocks.
+/// `out[m, n] = a[m, k] · dequant(w)[n, k]ᵀ` with `w` in `ty` blocks, in
+/// the interleaved layout if `interleaved` says so (and names `ty`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_gguf(
     a: &[f32],
     w: &[u8],
     ty: GgmlType,
+    interleaved: Option<GgmlType>,
     out: &mut [f32],
     m: usize,
     n: usize,
     k: usize,
 ) -> Result<()> {
+    if let Some(layout) = interleaved {
+        if layout != ty {
+            return Err(FerrumError::invalid(format!(
+                "gemm_quant {ty}: the weight was loaded as {layout}"
+            )));
+        }
+        if !k.is_multiple_of(32) || a.len() < m * k {
+            return Err(FerrumError::invalid(format!(
+                "gemm_quant {ty}: k = {k} is not whole blocks or the activations are short"
+            )));
+        }
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        return with_scratch(&ACT, |act| {
+            act.quantize(&a[..m * k], m, k, 32);
+            interleaved::gemm(act, w, ty, out, m, n)
+        });
+    }
     let (bs, bb) = (ty.block_size(), ty.block_bytes());
     if !k.is_multiple_of(bs) {
         return Err(FerrumError::invalid(format!(
@@ -78,7 +100,7 @@ pub(crate) fn gemm_gguf(
     let (a, out) = (&a[..m * k], &mut out[..m * n]);
     if int_dot::supports(ty) {
         with_scratch(&ACT, |act| {
-            act.quantize(a, m, k, int_dot::act_group(ty));
+            act.quantize(a, m, k, int_dot::ACT_GROUP);
             integer(act, w, ty, row_bytes, out, m, n);
         });
         Ok(())
@@ -103,24 +125,21 @@ fn integer(
     let ptr = SyncPtr(out.as_mut_ptr());
     let tasks = n.div_ceil(ROWS_PER_TASK);
     (0..tasks).into_par_iter().for_each(|t| {
-        with_scratch(&OFFSETS, |off| {
-            int_dot::offset_scratch(act, off);
-            let mut dots = [[0f32; STREAMING_MAX_M]; ROWS_PER_TASK];
-            let rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(n);
-            let dots = &mut dots[..rows.len()];
-            let wrows = &w[rows.start * row_bytes..rows.end * row_bytes];
-            for g0 in (0..m).step_by(STREAMING_MAX_M) {
-                let gm = STREAMING_MAX_M.min(m - g0);
-                int_dot::dot_rows(ty, wrows, act, g0, gm, dots, off);
-                for (i, j) in rows.clone().enumerate() {
-                    for (c, &d) in dots[i][..gm].iter().enumerate() {
-                        // SAFETY: g0 + c < m, j < n; only this task writes
-                        // column j.
-                        unsafe { *ptr.get().add((g0 + c) * n + j) = d };
-                    }
+        let mut dots = [[0f32; STREAMING_MAX_M]; ROWS_PER_TASK];
+        let rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(n);
+        let dots = &mut dots[..rows.len()];
+        let wrows = &w[rows.start * row_bytes..rows.end * row_bytes];
+        for g0 in (0..m).step_by(STREAMING_MAX_M) {
+            let gm = STREAMING_MAX_M.min(m - g0);
+            int_dot::dot_rows(ty, wrows, act, g0, gm, dots);
+            for (i, j) in rows.clone().enumerate() {
+                for (c, &d) in dots[i][..gm].iter().enumerate() {
+                    // SAFETY: g0 + c < m, j < n; only this task writes
+                    // column j.
+                    unsafe { *ptr.get().add((g0 + c) * n + j) = d };
                 }
             }
-        })
+        }
     });
 }
 

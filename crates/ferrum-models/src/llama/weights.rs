@@ -9,7 +9,7 @@
 use ferrum_formats::gguf::GgufFile;
 use ferrum_formats::safetensors::SafeTensors;
 use ferrum_kernels::quant::{dequantize, random_blocks};
-use ferrum_kernels::{pack_bytes, Backend, GgufQuantType, QuantKind, QuantWeights};
+use ferrum_kernels::{Backend, GgufQuantType, QuantKind, QuantWeights};
 use ferrum_types::{FerrumError, Result};
 
 use super::config::{Arch, LlamaConfig};
@@ -191,14 +191,16 @@ pub enum Linear<B: Backend> {
 }
 
 impl<B: Backend> Linear<B> {
-    fn upload(raw: Raw) -> Self {
-        match raw {
+    /// Moves an `[n, k]` weight into backend memory (blocks in the layout
+    /// the backend's `gemm_quant` reads).
+    fn upload(raw: Raw, n: usize, k: usize) -> Result<Self> {
+        Ok(match raw {
             Raw::F32(v) => Linear::Dense(B::from_slice(&v)),
             Raw::Blocks { bytes, ty } => Linear::Quant(
-                B::from_slice(&pack_bytes(&bytes)),
+                B::load_gguf(&bytes, ty, n, k)?,
                 QuantKind::Gguf { quant_type: ty },
             ),
-        }
+        })
     }
 
     /// `out[m, n] = x[m, k] · Wᵀ`.
@@ -472,15 +474,19 @@ impl<B: Backend> Weights<B> {
             };
             let qkv = match fuse(vec![(q, qd), (k, kvd), (v, kvd)]) {
                 Ok(w) => Qkv::Fused {
-                    w: Linear::upload(w),
+                    w: Linear::upload(w, qd + 2 * kvd, h)?,
                     bias: bias.map(|b| B::from_slice(&b.concat())),
                 },
                 Err(parts) => {
-                    let parts: [(Raw, usize); 3] = parts
+                    let [q, k, v]: [(Raw, usize); 3] = parts
                         .try_into()
                         .map_err(|_| FerrumError::invalid("fuse returned other than 3 parts"))?;
                     Qkv::Split {
-                        parts: parts.map(|(r, _)| Linear::upload(r)),
+                        parts: [
+                            Linear::upload(q.0, q.1, h)?,
+                            Linear::upload(k.0, k.1, h)?,
+                            Linear::upload(v.0, v.1, h)?,
+                        ],
                         bias: bias.map(|b| b.map(|b| B::from_slice(&b))),
                     }
                 }
@@ -497,7 +503,7 @@ impl<B: Backend> Weights<B> {
             layers.push(LayerWeights {
                 attn_norm: norm(&name(AttnNorm, i), h)?,
                 qkv,
-                o: Linear::upload(require(src, &name(O, i), h * qd)?),
+                o: Linear::upload(require(src, &name(O, i), h * qd)?, h, qd)?,
                 q_norm: if cfg.qk_norm {
                     opt_norm(QNorm, hd)?
                 } else {
@@ -519,8 +525,8 @@ impl<B: Backend> Weights<B> {
                 } else {
                     None
                 },
-                gate_up: Linear::upload(gate_up),
-                down: Linear::upload(require(src, &name(Down, i), h * im)?),
+                gate_up: Linear::upload(gate_up, 2 * im, h)?,
+                down: Linear::upload(require(src, &name(Down, i), h * im)?, h, im)?,
             });
         }
         let embed_raw = require(src, embed_name, cfg.vocab * h)?;
@@ -529,11 +535,15 @@ impl<B: Backend> Weights<B> {
             (Raw::Blocks { bytes, ty }, head) => {
                 let row_bytes = bytes.len() / cfg.vocab;
                 let lm_head = match head {
-                    Some(raw) => Linear::upload(raw),
-                    None => Linear::upload(Raw::Blocks {
-                        bytes: bytes.clone(),
-                        ty,
-                    }),
+                    Some(raw) => Linear::upload(raw, cfg.vocab, h)?,
+                    None => Linear::upload(
+                        Raw::Blocks {
+                            bytes: bytes.clone(),
+                            ty,
+                        },
+                        cfg.vocab,
+                        h,
+                    )?,
                 };
                 let scale = cfg.embed_scale;
                 (
@@ -549,12 +559,15 @@ impl<B: Backend> Weights<B> {
             (Raw::F32(table), head) => match (cfg.embed_scale, head) {
                 (None, head) => (
                     Embedding::Dense(B::from_slice(&table)),
-                    head.map(Linear::upload),
+                    head.map(|raw| Linear::upload(raw, cfg.vocab, h))
+                        .transpose()?,
                 ),
                 // Lookups use the scaled table; a tied head the unscaled one.
                 (Some(s), head) => {
-                    let lm_head =
-                        head.map_or_else(|| Linear::Dense(B::from_slice(&table)), Linear::upload);
+                    let lm_head = match head {
+                        Some(raw) => Linear::upload(raw, cfg.vocab, h)?,
+                        None => Linear::Dense(B::from_slice(&table)),
+                    };
                     let scaled: Vec<f32> = table.iter().map(|v| v * s).collect();
                     (Embedding::Dense(B::from_slice(&scaled)), Some(lm_head))
                 }
@@ -590,10 +603,14 @@ impl<B: Backend> Weights<B> {
                 .ok_or_else(|| FerrumError::unsupported(format!("random weights in {g:?}")))
         };
         let mut linear = |rows: usize, k: usize| -> Result<Linear<B>> {
-            Ok(Linear::upload(Raw::Blocks {
-                bytes: blocks(rows, k)?,
-                ty,
-            }))
+            Linear::upload(
+                Raw::Blocks {
+                    bytes: blocks(rows, k)?,
+                    ty,
+                },
+                rows,
+                k,
+            )
         };
         let ones = |n: usize| B::from_slice(&vec![1.0; n]);
         let mut layers = Vec::with_capacity(cfg.layers);

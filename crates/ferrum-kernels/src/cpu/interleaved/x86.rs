@@ -1,0 +1,280 @@
+//! The interleaved kernels for x86-64: AVX-512 VNNI and AVX2 + FMA.
+//!
+//! `VPDPWSSD` is written in inline assembly with its activation pair
+//! broadcast straight from memory (`{1to8}`): from the intrinsic, LLVM's
+//! generic tuning splits it back into `VPMADDWD` + `VPADDD` (two
+//! instructions where one does), and a separate broadcast would add a
+//! third.
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+
+use ferrum_types::GgmlType;
+
+use super::{ACT_ROWS, ROWS};
+use crate::cpu::act_quant::ActRows;
+
+/// How a format's constant term is formed (`x = d·q + o`).
+#[derive(PartialEq)]
+enum Offset {
+    /// None (Q8_0's values are signed).
+    No,
+    /// The f16 minimums after the scales.
+    Min,
+    /// `o = d·c`: Q4_0's −8 and Q5_0's −16, cheaper applied once per block
+    /// through the activation sums than subtracted from every value.
+    Scaled(f32),
+}
+
+/// One interleaved block format (see the parent module for the layout).
+trait Format {
+    const GROUP: usize;
+    const OFFSET: Offset;
+    /// `W_{8h}..W_{8h+8}`: values `16h..16h + 16` of the eight rows as
+    /// pairs of i16 (`AVX512`: AVX-512BW masks may be used).
+    unsafe fn half<const AVX512: bool>(g: *const u8, h: usize) -> [__m256i; 8];
+}
+
+/// Four 4-bit slices from `qs + 64h`: each slice's low and high nibbles
+/// widened to two vectors.
+#[inline(always)]
+unsafe fn nibble_half(qs: *const u8, h: usize) -> [__m256i; 8] {
+    let mask = _mm256_set1_epi16(0x0F);
+    let mut w = [_mm256_setzero_si256(); 8];
+    for s in 0..4 {
+        let x = _mm256_cvtepu8_epi16(_mm_loadu_si128(qs.add(16 * (4 * h + s)).cast()));
+        w[2 * s] = _mm256_and_si256(x, mask);
+        w[2 * s + 1] = _mm256_srli_epi16(x, 4);
+    }
+    w
+}
+
+/// Adds 16 to the lanes of `w` (`W_{8h}..`) whose bit is set in the masks
+/// at `qh`: one masked add each with AVX-512BW; otherwise each mask is
+/// broadcast, tested against the lanes' bits and turned into 16 or 0.
+#[inline(always)]
+unsafe fn add_fifth<const AVX512: bool>(w: &mut [__m256i; 8], qh: *const u8, h: usize) {
+    let sixteen = _mm256_set1_epi16(16);
+    let bit = _mm256_setr_epi16(
+        1,
+        2,
+        4,
+        8,
+        16,
+        32,
+        64,
+        128,
+        256,
+        512,
+        1024,
+        2048,
+        4096,
+        8192,
+        16384,
+        i16::MIN,
+    );
+    for (j, w) in w.iter_mut().enumerate() {
+        let mask = qh
+            .add(2 * (8 * h + j))
+            .cast::<u16>()
+            .read_unaligned()
+            .to_le();
+        if AVX512 {
+            *w = _mm256_mask_add_epi16(*w, mask, *w, sixteen);
+        } else {
+            let hit =
+                _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16(mask as i16), bit), bit);
+            *w = _mm256_add_epi16(*w, _mm256_and_si256(hit, sixteen));
+        }
+    }
+}
+
+struct Q40;
+impl Format for Q40 {
+    const GROUP: usize = 8 * 18;
+    const OFFSET: Offset = Offset::Scaled(-8.0);
+    #[inline(always)]
+    unsafe fn half<const AVX512: bool>(g: *const u8, h: usize) -> [__m256i; 8] {
+        nibble_half(g.add(16), h)
+    }
+}
+
+struct Q41;
+impl Format for Q41 {
+    const GROUP: usize = 8 * 20;
+    const OFFSET: Offset = Offset::Min;
+    #[inline(always)]
+    unsafe fn half<const AVX512: bool>(g: *const u8, h: usize) -> [__m256i; 8] {
+        nibble_half(g.add(32), h)
+    }
+}
+
+struct Q50;
+impl Format for Q50 {
+    const GROUP: usize = 8 * 22;
+    const OFFSET: Offset = Offset::Scaled(-16.0);
+    #[inline(always)]
+    unsafe fn half<const AVX512: bool>(g: *const u8, h: usize) -> [__m256i; 8] {
+        let mut w = nibble_half(g.add(16), h);
+        add_fifth::<AVX512>(&mut w, g.add(16 + 128), h);
+        w
+    }
+}
+
+struct Q51;
+impl Format for Q51 {
+    const GROUP: usize = 8 * 24;
+    const OFFSET: Offset = Offset::Min;
+    #[inline(always)]
+    unsafe fn half<const AVX512: bool>(g: *const u8, h: usize) -> [__m256i; 8] {
+        let mut w = nibble_half(g.add(32), h);
+        add_fifth::<AVX512>(&mut w, g.add(32 + 128), h);
+        w
+    }
+}
+
+struct Q80;
+impl Format for Q80 {
+    const GROUP: usize = 8 * 34;
+    const OFFSET: Offset = Offset::No;
+    #[inline(always)]
+    unsafe fn half<const AVX512: bool>(g: *const u8, h: usize) -> [__m256i; 8] {
+        std::array::from_fn(|j| {
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(g.add(16 + 16 * (8 * h + j)).cast()))
+        })
+    }
+}
+
+/// `dot` plus, per row lane, `Σ_j w[j] · (a[2j], a[2j + 1])`: eight pairs of
+/// activation values against the eight rows' pairs.
+#[inline(always)]
+unsafe fn dot8<const VNNI: bool>(dot: __m256i, w: &[__m256i; 8], a: *const i16) -> __m256i {
+    if VNNI {
+        return dot8_vnni(dot, w, a);
+    }
+    let mut dot = dot;
+    for (j, &w) in w.iter().enumerate() {
+        let pair = _mm256_set1_epi32(a.add(2 * j).cast::<i32>().read_unaligned());
+        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(w, pair));
+    }
+    dot
+}
+
+/// [`dot8`] with VNNI: eight `VPDPWSSD`s. Only reached from the VNNI entry
+/// point, whose target features let it inline this.
+#[target_feature(enable = "avx512f,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn dot8_vnni(dot: __m256i, w: &[__m256i; 8], a: *const i16) -> __m256i {
+    let mut dot = dot;
+    // SAFETY (caller): `a` points at 16 readable i16.
+    asm!(
+        "vpdpwssd {d:y}, {w0:y}, dword ptr [{a}]{{1to8}}",
+        "vpdpwssd {d:y}, {w1:y}, dword ptr [{a} + 4]{{1to8}}",
+        "vpdpwssd {d:y}, {w2:y}, dword ptr [{a} + 8]{{1to8}}",
+        "vpdpwssd {d:y}, {w3:y}, dword ptr [{a} + 12]{{1to8}}",
+        "vpdpwssd {d:y}, {w4:y}, dword ptr [{a} + 16]{{1to8}}",
+        "vpdpwssd {d:y}, {w5:y}, dword ptr [{a} + 20]{{1to8}}",
+        "vpdpwssd {d:y}, {w6:y}, dword ptr [{a} + 24]{{1to8}}",
+        "vpdpwssd {d:y}, {w7:y}, dword ptr [{a} + 28]{{1to8}}",
+        d = inout(zmm_reg) dot,
+        w0 = in(zmm_reg) w[0],
+        w1 = in(zmm_reg) w[1],
+        w2 = in(zmm_reg) w[2],
+        w3 = in(zmm_reg) w[3],
+        w4 = in(zmm_reg) w[4],
+        w5 = in(zmm_reg) w[5],
+        w6 = in(zmm_reg) w[6],
+        w7 = in(zmm_reg) w[7],
+        a = in(reg) a,
+        options(pure, readonly, nostack, preserves_flags),
+    );
+    dot
+}
+
+/// One group of eight weight rows (`nb` group blocks at `g`) against the
+/// `M` activation rows from `r0`: `out[c][r]`.
+#[inline(always)]
+unsafe fn group<F: Format, const VNNI: bool, const M: usize>(
+    g: *const u8,
+    nb: usize,
+    act: &ActRows,
+    r0: usize,
+    out: &mut [[f32; ROWS]; ACT_ROWS],
+) {
+    let (k, stride) = (act.k, act.stride);
+    let mut acc = [_mm256_setzero_ps(); M];
+    for b in 0..nb {
+        let p = g.add(b * F::GROUP);
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
+        let o = match F::OFFSET {
+            Offset::No => _mm256_setzero_ps(),
+            Offset::Min => _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast())),
+            Offset::Scaled(c) => _mm256_mul_ps(d, _mm256_set1_ps(c)),
+        };
+        let mut dots = [_mm256_setzero_si256(); M];
+        for h in 0..2 {
+            let w = F::half::<VNNI>(p, h);
+            for (c, dot) in dots.iter_mut().enumerate() {
+                let a = act.qs.as_ptr().add((r0 + c) * k + 32 * b + 16 * h);
+                *dot = dot8::<VNNI>(*dot, &w, a);
+            }
+        }
+        for (c, (acc, dot)) in acc.iter_mut().zip(dots).enumerate() {
+            let i = (r0 + c) * stride + b;
+            let s = _mm256_mul_ps(d, _mm256_set1_ps(*act.d.as_ptr().add(i)));
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, *acc);
+            if F::OFFSET != Offset::No {
+                *acc = _mm256_fmadd_ps(o, _mm256_set1_ps(*act.s.as_ptr().add(i)), *acc);
+            }
+        }
+    }
+    for (out, acc) in out.iter_mut().zip(acc) {
+        _mm256_storeu_ps(out.as_mut_ptr(), acc);
+    }
+}
+
+#[inline(always)]
+unsafe fn by_type<const VNNI: bool>(
+    ty: GgmlType,
+    g: *const u8,
+    nb: usize,
+    act: &ActRows,
+    r0: usize,
+    m: usize,
+    out: &mut [[f32; ROWS]; ACT_ROWS],
+) {
+    match ty {
+        GgmlType::Q4_0 => by_m!(m, M => group::<Q40, VNNI, M>(g, nb, act, r0, out)),
+        GgmlType::Q4_1 => by_m!(m, M => group::<Q41, VNNI, M>(g, nb, act, r0, out)),
+        GgmlType::Q5_0 => by_m!(m, M => group::<Q50, VNNI, M>(g, nb, act, r0, out)),
+        GgmlType::Q5_1 => by_m!(m, M => group::<Q51, VNNI, M>(g, nb, act, r0, out)),
+        GgmlType::Q8_0 => by_m!(m, M => group::<Q80, VNNI, M>(g, nb, act, r0, out)),
+        _ => unreachable!("interleaved kernel called for {ty}"),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_group_avx2(
+    ty: GgmlType,
+    g: *const u8,
+    nb: usize,
+    act: &ActRows,
+    r0: usize,
+    m: usize,
+    out: &mut [[f32; ROWS]; ACT_ROWS],
+) {
+    by_type::<false>(ty, g, nb, act, r0, m, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot_group_vnni(
+    ty: GgmlType,
+    g: *const u8,
+    nb: usize,
+    act: &ActRows,
+    r0: usize,
+    m: usize,
+    out: &mut [[f32; ROWS]; ACT_ROWS],
+) {
+    by_type::<true>(ty, g, nb, act, r0, m, out)
+}
