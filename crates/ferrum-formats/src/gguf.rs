@@ -269,14 +269,38 @@ impl GgufFile {
 
     /// The bytes of `t` (zero-copy; bounds were validated at open).
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
+        &self.map[self.tensor_range(t)]
+    }
+
+    /// Where `t`'s data lies in [`GgufFile::mapping`].
+    pub fn tensor_range(&self, t: &TensorInfo) -> std::ops::Range<usize> {
         let start = (self.header.data_offset + t.offset) as usize;
-        &self.map[start..start + t.size as usize]
+        start..start + t.size as usize
     }
 
     /// The mapping itself, for callers that keep tensor bytes alive without
     /// copying (quantized weights).
     pub fn mapping(&self) -> Arc<Mmap> {
         Arc::clone(&self.map)
+    }
+
+    /// Drops the mapped pages from this process's resident set (they come
+    /// back from the page cache when read again): after a load has copied
+    /// the weights out, the only later reads are a few embedding rows, and
+    /// the pages the copy touched would otherwise count twice. Advisory: an
+    /// error changes nothing but the resident set.
+    pub fn release_resident_pages(&self) -> std::io::Result<()> {
+        #[cfg(unix)]
+        {
+            // SAFETY: the mapping is shared and read-only, so MADV_DONTNEED
+            // discards no data: later reads see the file's bytes again.
+            unsafe {
+                self.map
+                    .unchecked_advise(memmap2::UncheckedAdvice::DontNeed)
+            }
+        }
+        #[cfg(not(unix))]
+        Ok(())
     }
 }
 

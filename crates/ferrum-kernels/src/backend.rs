@@ -628,6 +628,20 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// A buffer holding a copy of `data`.
     fn from_slice(data: &[f32]) -> Self::Buffer;
 
+    /// Copies the first `out.len()` values to the host into `out`: the
+    /// allocation-free [`Backend::to_vec`], for per-token reads (logits).
+    /// Default: through `to_vec`.
+    fn read_into(buf: &Self::Buffer, out: &mut [f32]) {
+        out.copy_from_slice(&Self::to_vec(buf, out.len()));
+    }
+
+    /// Writes host values `data` into `dst` at `offset` (per-token uploads
+    /// such as looked-up embedding rows) without a new buffer where the
+    /// backend can. Default: through `from_slice` and `copy_slice`.
+    fn write_from(ctx: &mut Self::Context, data: &[f32], dst: &mut Self::Buffer, offset: usize) {
+        Self::copy_slice(ctx, &Self::from_slice(data), 0, dst, offset, data.len());
+    }
+
     // ── Quantized GEMM ────────────────────────────────────────────────────
 
     /// Prepares one GGUF weight (`n` rows of `k` values in `quant_type`

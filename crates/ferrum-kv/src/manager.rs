@@ -48,12 +48,11 @@ struct Seq {
 }
 
 /// What the prefix cache knows about a registered block. Parent hash and
-/// tokens are compared on a hit, so a 64-bit hash collision cannot hand a
-/// sequence the wrong K/V.
+/// tokens (kept in [`BlockManager::block_tokens`]) are compared on a hit, so
+/// a 64-bit hash collision cannot hand a sequence the wrong K/V.
 struct Cached {
     block: u32,
     parent: u64,
-    tokens: Vec<u32>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -77,6 +76,9 @@ pub struct BlockManager {
     /// Unused blocks that hold a cached prefix, oldest first.
     evictable: BTreeMap<u64, u32>,
     by_hash: HashMap<u64, Cached>,
+    /// The tokens of each registered block, `block_size` per block: one
+    /// allocation for the pool's life rather than one per cached block.
+    block_tokens: Vec<u32>,
     seqs: HashMap<String, Seq>,
     tick: u64,
     query_tokens: u64,
@@ -101,7 +103,8 @@ impl BlockManager {
             meta: vec![Meta::default(); total_blocks],
             free: (0..total_blocks as u32).rev().collect(),
             evictable: BTreeMap::new(),
-            by_hash: HashMap::new(),
+            by_hash: HashMap::with_capacity(total_blocks),
+            block_tokens: vec![0; total_blocks * block_size],
             seqs: HashMap::new(),
             tick: 0,
             query_tokens: 0,
@@ -165,19 +168,28 @@ impl BlockManager {
     /// unknown) and returns the block copies to perform before writing.
     /// Fails without changing anything when the pool is short.
     pub fn reserve(&mut self, seq: &str, new_len: usize) -> Result<Vec<BlockCopy>> {
-        self.reserve_many(&[(seq, new_len)])
+        self.reserve_many([(seq, new_len)])
     }
 
     /// [`BlockManager::reserve`] for several sequences at once: all or none.
-    pub fn reserve_many(&mut self, wants: &[(&str, usize)]) -> Result<Vec<BlockCopy>> {
-        let needed: usize = wants.iter().map(|&(s, n)| self.blocks_needed(s, n)).sum();
+    /// Allocates nothing for known sequences unless a block table grows or a
+    /// copy is needed.
+    pub fn reserve_many<'a, I>(&mut self, wants: I) -> Result<Vec<BlockCopy>>
+    where
+        I: IntoIterator<Item = (&'a str, usize)> + Clone,
+    {
+        let needed: usize = wants
+            .clone()
+            .into_iter()
+            .map(|(s, n)| self.blocks_needed(s, n))
+            .sum();
         let free = self.free.len() + self.evictable.len();
         if needed > free {
             return Err(FerrumError::KvExhausted { needed, free });
         }
         let mut copies = Vec::new();
-        for &(seq, new_len) in wants {
-            let mut s = self.seqs.remove(seq).unwrap_or_default();
+        for (seq, new_len) in wants {
+            let (key, mut s) = self.take_seq(seq);
             let len = s.tokens.len();
             if new_len > len {
                 if let Some(&b) = s.blocks.get(len / self.block_size) {
@@ -197,16 +209,35 @@ impl BlockManager {
                     s.blocks.push(b);
                 }
             }
-            self.seqs.insert(seq.to_string(), s);
+            self.seqs.insert(key, s);
         }
         Ok(copies)
+    }
+
+    /// Reserves room in `seq`'s bookkeeping (creating it if unknown) for
+    /// `max_len` positions, so growing to that length allocates nothing.
+    pub fn reserve_capacity(&mut self, seq: &str, max_len: usize) {
+        let (key, mut s) = self.take_seq(seq);
+        let blocks = max_len.div_ceil(self.block_size);
+        s.blocks.reserve(blocks.saturating_sub(s.blocks.len()));
+        s.hashes.reserve(blocks.saturating_sub(s.hashes.len()));
+        s.tokens.reserve(max_len.saturating_sub(s.tokens.len()));
+        self.seqs.insert(key, s);
+    }
+
+    /// Removes `seq`'s entry (a new one if unknown) with its key, so that
+    /// putting it back does not allocate the key again.
+    fn take_seq(&mut self, seq: &str) -> (String, Seq) {
+        self.seqs
+            .remove_entry(seq)
+            .unwrap_or_else(|| (seq.to_string(), Seq::default()))
     }
 
     /// Records that `tokens` were written at the end of `seq` (after a
     /// [`BlockManager::reserve`] that covered them) and registers blocks
     /// that became full in the prefix cache.
     pub fn commit(&mut self, seq: &str, tokens: &[u32]) {
-        let Some(mut s) = self.seqs.remove(seq) else {
+        let Some((key, mut s)) = self.seqs.remove_entry(seq) else {
             return;
         };
         let room = s.blocks.len() * self.block_size - s.tokens.len();
@@ -225,15 +256,12 @@ impl BlockManager {
                 && !self.by_hash.contains_key(&h)
             {
                 self.meta[b as usize].key = Some(h);
-                let cached = Cached {
-                    block: b,
-                    parent,
-                    tokens: toks.to_vec(),
-                };
-                self.by_hash.insert(h, cached);
+                let bs = self.block_size;
+                self.block_tokens[b as usize * bs..(b as usize + 1) * bs].copy_from_slice(toks);
+                self.by_hash.insert(h, Cached { block: b, parent });
             }
         }
-        self.seqs.insert(seq.to_string(), s);
+        self.seqs.insert(key, s);
     }
 
     /// Records `n` positions written at the end of `seq` whose tokens are
@@ -260,7 +288,7 @@ impl BlockManager {
             return 0;
         }
         let bs = self.block_size;
-        let mut s = self.seqs.remove(seq).unwrap_or_default();
+        let (key, mut s) = self.take_seq(seq);
         for b in std::mem::take(&mut s.blocks) {
             self.unref(b);
         }
@@ -270,7 +298,12 @@ impl BlockManager {
             let toks = &prompt[i * bs..(i + 1) * bs];
             let h = chain(parent, toks);
             let block = match self.by_hash.get(&h) {
-                Some(c) if c.parent == parent && c.tokens == toks => c.block,
+                Some(c)
+                    if c.parent == parent
+                        && self.block_tokens[c.block as usize * bs..][..bs] == *toks =>
+                {
+                    c.block
+                }
                 _ => break,
             };
             let m = &mut self.meta[block as usize];
@@ -285,7 +318,7 @@ impl BlockManager {
         }
         let hit = s.tokens.len();
         self.hit_tokens += hit as u64;
-        self.seqs.insert(seq.to_string(), s);
+        self.seqs.insert(key, s);
         hit
     }
 

@@ -165,6 +165,24 @@ pub trait DecoderOnlyLLM: Send + Sync {
         ))
     }
 
+    /// [`DecoderOnlyLLM::unified_forward`] writing the final chunks' logits
+    /// back to back into `logits` (cleared first; `vocab_size` values for
+    /// each item whose flag is set, in item order), so a serving loop that
+    /// keeps one buffer need not allocate per step. Default: through
+    /// `unified_forward`.
+    fn unified_forward_into(
+        &mut self,
+        items: &[(String, Vec<u32>, usize, bool)],
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        let out = self.unified_forward(items)?;
+        logits.clear();
+        for l in out.iter().flatten() {
+            logits.extend_from_slice(l);
+        }
+        Ok(())
+    }
+
     /// Rolls `cache_id` back to its first `new_len` positions (speculative
     /// decoding's rejection path). The default panics: a model that cannot
     /// roll back must not pretend it did, and the signature has no error.

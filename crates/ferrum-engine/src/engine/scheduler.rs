@@ -41,6 +41,10 @@ pub(super) struct Loop<'t> {
     running: Vec<Seq<'t>>,
     arrivals: u64,
     spec: Option<Speculation>,
+    /// Reused every step: the batch handed to the model and its logits
+    /// (a step allocates nothing for them once they have grown).
+    items: Vec<(String, Vec<u32>, usize, bool)>,
+    logits: Vec<f32>,
 }
 
 impl<'t> Loop<'t> {
@@ -65,6 +69,8 @@ impl<'t> Loop<'t> {
             running: Vec::new(),
             arrivals: 0,
             spec,
+            items: Vec::new(),
+            logits: Vec::new(),
         }
     }
 
@@ -110,6 +116,14 @@ impl<'t> Loop<'t> {
     }
 
     fn drop_cancelled(&mut self) {
+        if !self
+            .running
+            .iter()
+            .chain(&self.waiting)
+            .any(|s| s.cancelled())
+        {
+            return;
+        }
         let before = self.running.len() + self.waiting.len();
         let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.running)
             .into_iter()
@@ -263,23 +277,25 @@ impl<'t> Loop<'t> {
     }
 
     fn execute(&mut self, plan: &[Planned]) {
-        let items: Vec<(String, Vec<u32>, usize, bool)> = plan
-            .iter()
-            .map(|p| {
-                let s = &self.running[p.seq];
-                let end = s.computed + p.tokens;
-                let toks = s.tokens[s.computed..end].to_vec();
-                (s.id.clone(), toks, s.computed, end == s.tokens.len())
-            })
-            .collect();
+        // Refill the reused items in place, keeping their allocations.
+        self.items.resize_with(plan.len(), Default::default);
+        for (item, p) in self.items.iter_mut().zip(plan) {
+            let s = &self.running[p.seq];
+            let end = s.computed + p.tokens;
+            item.0.clear();
+            item.0.push_str(&s.id);
+            item.1.clear();
+            item.1.extend_from_slice(&s.tokens[s.computed..end]);
+            (item.2, item.3) = (s.computed, end == s.tokens.len());
+        }
         metrics::histogram!("ferrum_batch_tokens")
-            .record(items.iter().map(|i| i.1.len()).sum::<usize>() as f64);
-        let model = &mut self.model;
+            .record(self.items.iter().map(|i| i.1.len()).sum::<usize>() as f64);
+        let (model, items, logits) = (&mut self.model, &self.items, &mut self.logits);
         // A panic inside the model is a bug, but it must cost only the
         // requests of this step, not the engine.
-        let out = catch_unwind(AssertUnwindSafe(|| forward(model.as_mut(), &items)));
-        let logits = match out {
-            Ok(Ok(l)) => l,
+        let out = catch_unwind(AssertUnwindSafe(|| forward(model.as_mut(), items, logits)));
+        match out {
+            Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 tracing::error!("a batch failed: {e}");
                 self.fail_planned(plan, &e.to_string());
@@ -290,15 +306,28 @@ impl<'t> Loop<'t> {
                 self.fail_planned(plan, "internal error while generating");
                 return;
             }
-        };
+        }
+        let vocab = self.model.config().vocab_size;
+        let wanted = self.items.iter().filter(|i| i.3).count();
+        if self.logits.len() != wanted * vocab {
+            tracing::error!(
+                "the model returned {} logits for {wanted} rows of {vocab}",
+                self.logits.len()
+            );
+            self.fail_planned(plan, "internal error while generating");
+            return;
+        }
+        let mut rows = self.logits.chunks_exact_mut(vocab);
         let mut finished = Vec::new();
-        for (p, l) in plan.iter().zip(logits) {
+        for (p, item) in plan.iter().zip(&self.items) {
             let s = &mut self.running[p.seq];
             s.computed += p.tokens;
-            if let Some(mut l) = l {
-                if s.on_logits(&mut l).is_some() {
-                    finished.push(p.seq);
-                }
+            // Checked above: one row per final chunk.
+            let Some(l) = item.3.then(|| rows.next()).flatten() else {
+                continue;
+            };
+            if s.on_logits(l).is_some() {
+                finished.push(p.seq);
             }
         }
         finished.sort_unstable();
@@ -414,14 +443,16 @@ impl<'t> Loop<'t> {
     }
 }
 
-/// One forward pass over mixed prefill chunks and decodes:
-/// `unified_forward` where the model has it, else `prefill` per chunk and
-/// one `decode_batch` for the single-token items.
+/// One forward pass over mixed prefill chunks and decodes, the final
+/// chunks' logits back to back in `logits`: `unified_forward_into` where the
+/// model has it, else `prefill` per chunk and one `decode_batch` for the
+/// single-token items.
 fn forward(
     model: &mut dyn DecoderOnlyLLM,
     items: &[(String, Vec<u32>, usize, bool)],
-) -> Result<Vec<Option<Vec<f32>>>> {
-    match model.unified_forward(items) {
+    logits: &mut Vec<f32>,
+) -> Result<()> {
+    match model.unified_forward_into(items, logits) {
         Err(e) if e.is_unsupported() => {}
         other => return other,
     }
@@ -439,5 +470,9 @@ fn forward(
     for ((i, _), l) in decodes.iter().zip(model.decode_batch(&batch)) {
         out[*i] = Some(l);
     }
-    Ok(out)
+    logits.clear();
+    for l in out.iter().flatten() {
+        logits.extend_from_slice(l);
+    }
+    Ok(())
 }

@@ -498,6 +498,14 @@ impl Backend for CpuBackend {
         CpuBuffer::from_vec(data.to_vec())
     }
 
+    fn read_into(buf: &Self::Buffer, out: &mut [f32]) {
+        out.copy_from_slice(&buf[..out.len()]);
+    }
+
+    fn write_from(_ctx: &mut Self::Context, data: &[f32], dst: &mut Self::Buffer, offset: usize) {
+        dst[offset..offset + data.len()].copy_from_slice(data);
+    }
+
     /// The 32-value block types are interleaved eight rows at a time where
     /// the CPU has their kernels (`interleaved`); other types stay as in
     /// the file.

@@ -66,7 +66,7 @@ fn exhaustion_fails_without_side_effects() {
     let mut m = BlockManager::new(2, 4, true);
     write(&mut m, "a", &[1, 2, 3, 4, 5]).unwrap();
     let before = m.usage();
-    let err = m.reserve_many(&[("a", 8), ("b", 2)]).unwrap_err();
+    let err = m.reserve_many([("a", 8), ("b", 2)]).unwrap_err();
     assert!(
         matches!(err, FerrumError::KvExhausted { needed: 1, free: 0 }),
         "{err}"

@@ -32,10 +32,13 @@ use crate::llm::{kv_capacity_from_env, DecoderOnlyLLM, KvPoolConfig, LlmRuntimeC
 /// 32K-token cache per sequence up front.
 pub const DEFAULT_KV_CAPACITY: usize = 4096;
 
-/// Reusable activation buffers, grown to the largest batch seen.
+/// Reusable activation buffers, grown to the largest batch seen, so that a
+/// step allocates nothing once they have grown.
 struct Scratch<B: Backend> {
     rows: usize,
     seg_rows: usize,
+    /// Rows the logits buffers hold.
+    head_rows: usize,
     x: B::Buffer,
     xn: B::Buffer,
     qkv: B::Buffer,
@@ -54,6 +57,14 @@ struct Scratch<B: Backend> {
     seg_vh: B::Buffer,
     seg_attn: B::Buffer,
     seg_tok: B::Buffer,
+    /// The batch's token ids, looked-up embedding rows on the host, and the
+    /// rows whose logits are wanted.
+    ids: Vec<u32>,
+    host: Vec<f32>,
+    picks: Vec<usize>,
+    /// Hidden states of the wanted rows, and their logits.
+    sel: B::Buffer,
+    head_out: B::Buffer,
 }
 
 impl<B: Backend> Scratch<B> {
@@ -62,6 +73,7 @@ impl<B: Backend> Scratch<B> {
         Self {
             rows: 0,
             seg_rows: 0,
+            head_rows: 0,
             x: e(),
             xn: e(),
             qkv: e(),
@@ -80,6 +92,11 @@ impl<B: Backend> Scratch<B> {
             seg_vh: e(),
             seg_attn: e(),
             seg_tok: e(),
+            ids: Vec::new(),
+            host: Vec::new(),
+            picks: Vec::new(),
+            sel: e(),
+            head_out: e(),
         }
     }
 
@@ -115,9 +132,18 @@ impl<B: Backend> Scratch<B> {
             self.seg_rows = seg_rows;
         }
     }
+
+    fn ensure_head(&mut self, c: &LlamaConfig, rows: usize) {
+        if rows > self.head_rows {
+            self.sel = B::alloc(rows * c.hidden);
+            self.head_out = B::alloc(rows * c.vocab);
+            self.head_rows = rows;
+        }
+    }
 }
 
 /// One sequence's new tokens in a batch.
+#[derive(Clone, Copy)]
 pub struct Segment<'a> {
     pub cache_id: &'a str,
     pub tokens: &'a [u32],
@@ -127,11 +153,46 @@ pub struct Segment<'a> {
     pub logits: LogitsWanted,
 }
 
+impl<'a> Segment<'a> {
+    const EMPTY: Segment<'static> = Segment {
+        cache_id: "",
+        tokens: &[],
+        pos: 0,
+        logits: LogitsWanted::None,
+    };
+
+    /// An engine item `(cache_id, tokens, pos, is_final_chunk)`: a final
+    /// chunk wants its last token's logits.
+    fn of_item((id, toks, pos, last): &'a (String, Vec<u32>, usize, bool)) -> Self {
+        Segment {
+            cache_id: id,
+            tokens: toks,
+            pos: *pos,
+            logits: if *last {
+                LogitsWanted::Last
+            } else {
+                LogitsWanted::None
+            },
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogitsWanted {
     None,
     Last,
     All,
+}
+
+impl LogitsWanted {
+    /// Logit rows wanted from a segment of `n` tokens (its last ones).
+    fn rows(self, n: usize) -> usize {
+        match self {
+            LogitsWanted::None => 0,
+            LogitsWanted::Last => 1,
+            LogitsWanted::All => n,
+        }
+    }
 }
 
 pub struct LlamaModel<B: Backend> {
@@ -158,6 +219,9 @@ impl<B: Backend> LlamaModel<B> {
     pub fn from_gguf_with(g: &GgufFile, pool: &KvPoolConfig) -> Result<Self> {
         let cfg = LlamaConfig::from_gguf(g)?;
         let w = Weights::load(&Source::Gguf(g), &cfg).map_err(|e| g.error(e.to_string()))?;
+        if let Err(e) = g.release_resident_pages() {
+            tracing::debug!("could not release the file's pages after loading: {e}");
+        }
         Ok(Self::new(cfg, w, pool))
     }
 
@@ -231,11 +295,30 @@ impl<B: Backend> LlamaModel<B> {
 
     /// Runs one forward pass over `segs` and returns, per segment, the
     /// logits it asked for (`vocab` floats per row, row-major).
+    pub fn forward(&mut self, segs: &[Segment]) -> Result<Vec<Option<Vec<f32>>>> {
+        let mut all = Vec::new();
+        self.forward_into(segs, &mut all)?;
+        let vocab = self.cfg.vocab;
+        let mut taken = 0;
+        Ok(segs
+            .iter()
+            .map(|s| {
+                let count = s.logits.rows(s.tokens.len());
+                taken += count;
+                (count > 0).then(|| all[(taken - count) * vocab..taken * vocab].to_vec())
+            })
+            .collect())
+    }
+
+    /// [`LlamaModel::forward`] writing the wanted logits back to back into
+    /// `logits` (cleared first), in segment order. Once the scratch buffers
+    /// have grown to the batch, a step allocates nothing (tested), so
+    /// serving loops that keep `logits` decode without touching the heap.
     ///
     /// Every segment is validated before anything is written: token ids,
     /// positions (a segment starting before its cache end rolls the cache
     /// back to `pos`; after it is an error) and KV capacity.
-    pub fn forward(&mut self, segs: &[Segment]) -> Result<Vec<Option<Vec<f32>>>> {
+    pub fn forward_into(&mut self, segs: &[Segment], logits: &mut Vec<f32>) -> Result<()> {
         let vocab = self.cfg.vocab;
         for (i, s) in segs.iter().enumerate() {
             if s.tokens.is_empty() {
@@ -273,11 +356,8 @@ impl<B: Backend> LlamaModel<B> {
         for s in segs {
             self.kv.blocks.truncate(s.cache_id, s.pos);
         }
-        let wants: Vec<(&str, usize)> = segs
-            .iter()
-            .map(|s| (s.cache_id, s.pos + s.tokens.len()))
-            .collect();
-        let copies = self.kv.blocks.reserve_many(&wants)?;
+        let wants = segs.iter().map(|s| (s.cache_id, s.pos + s.tokens.len()));
+        let copies = self.kv.blocks.reserve_many(wants)?;
         if !copies.is_empty() {
             let ctx = &mut B::new_context();
             self.kv.copy_blocks(ctx, &copies);
@@ -289,7 +369,7 @@ impl<B: Backend> LlamaModel<B> {
         for s in segs {
             self.kv.blocks.commit(s.cache_id, s.tokens);
         }
-        self.logits(segs)
+        self.logits_into(segs, logits)
     }
 
     fn run_layers(&mut self, segs: &[Segment], rows: usize) -> Result<()> {
@@ -300,8 +380,10 @@ impl<B: Backend> LlamaModel<B> {
         let s = &mut self.scratch;
         let ctx = &mut B::new_context();
 
-        let ids: Vec<u32> = segs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
-        self.w.embed.lookup(ctx, &ids, &mut s.x, h)?;
+        s.ids.clear();
+        s.ids
+            .extend(segs.iter().flat_map(|s| s.tokens.iter().copied()));
+        self.w.embed.lookup(ctx, &s.ids, &mut s.x, h, &mut s.host)?;
         B::rms_norm(
             ctx,
             &s.x,
@@ -454,54 +536,46 @@ impl<B: Backend> LlamaModel<B> {
         Ok(())
     }
 
-    /// Final-normed hidden states (`scratch.xn`) → logits for wanted rows.
-    fn logits(&mut self, segs: &[Segment]) -> Result<Vec<Option<Vec<f32>>>> {
+    /// Final-normed hidden states (`scratch.xn`) → logits of the wanted
+    /// rows, back to back in `logits`.
+    fn logits_into(&mut self, segs: &[Segment], logits: &mut Vec<f32>) -> Result<()> {
         let (h, vocab) = (self.cfg.hidden, self.cfg.vocab);
-        let mut picks = Vec::new();
+        let s = &mut self.scratch;
+        s.picks.clear();
         let mut r0 = 0;
-        for s in segs {
-            let n = s.tokens.len();
-            match s.logits {
-                LogitsWanted::None => {}
-                LogitsWanted::Last => picks.push(r0 + n - 1),
-                LogitsWanted::All => picks.extend(r0..r0 + n),
-            }
+        for seg in segs {
+            let n = seg.tokens.len();
+            s.picks.extend(r0 + n - seg.logits.rows(n)..r0 + n);
             r0 += n;
         }
-        let ctx = &mut B::new_context();
-        let mut sel = B::alloc(picks.len() * h);
-        for (i, &r) in picks.iter().enumerate() {
-            B::copy_slice(ctx, &self.scratch.xn, r * h, &mut sel, i * h, h);
+        let rows = s.picks.len();
+        logits.clear();
+        if rows == 0 {
+            return Ok(());
         }
-        let mut out = B::alloc(picks.len() * vocab);
+        s.ensure_head(&self.cfg, rows);
+        let ctx = &mut B::new_context();
+        for (i, &r) in s.picks.iter().enumerate() {
+            B::copy_slice(ctx, &s.xn, r * h, &mut s.sel, i * h, h);
+        }
         match (&self.w.lm_head, &self.w.embed) {
-            (Some(head), _) => head.forward(ctx, &sel, &mut out, picks.len(), vocab, h)?,
+            (Some(head), _) => head.forward(ctx, &s.sel, &mut s.head_out, rows, vocab, h)?,
             (None, Embedding::Dense(table)) => {
-                B::gemm(ctx, &sel, table, &mut out, picks.len(), vocab, h)
+                B::gemm(ctx, &s.sel, table, &mut s.head_out, rows, vocab, h)
             }
             (None, Embedding::Blocks { .. }) => {
                 return Err(FerrumError::invalid("tied head needs a dense table"))
             }
         }
         B::sync(ctx);
-        let mut all = B::to_vec(&out, picks.len() * vocab);
+        logits.resize(rows * vocab, 0.0);
+        B::read_into(&s.head_out, logits);
         if let Some(cap) = self.cfg.final_softcap {
-            for v in &mut all {
+            for v in logits.iter_mut() {
                 *v = cap * (*v / cap).tanh();
             }
         }
-        let mut result = Vec::with_capacity(segs.len());
-        let mut taken = 0;
-        for s in segs {
-            let count = match s.logits {
-                LogitsWanted::None => 0,
-                LogitsWanted::Last => 1,
-                LogitsWanted::All => s.tokens.len(),
-            };
-            result.push((count > 0).then(|| all[taken * vocab..(taken + count) * vocab].to_vec()));
-            taken += count;
-        }
-        Ok(result)
+        Ok(())
     }
 
     /// Copies `cache_id`'s K/V out: one `(K, V)` pair per layer, each
@@ -554,10 +628,12 @@ impl<B: Backend> LlamaModel<B> {
             pos,
             logits,
         };
-        let mut out = self.forward(&[seg])?;
-        out.pop()
-            .flatten()
-            .ok_or_else(|| FerrumError::invalid("no logits were produced"))
+        let mut out = Vec::new();
+        self.forward_into(&[seg], &mut out)?;
+        if out.is_empty() {
+            return Err(FerrumError::invalid("no logits were produced"));
+        }
+        Ok(out)
     }
 }
 
@@ -588,9 +664,10 @@ impl<B: Backend> DecoderOnlyLLM for LlamaModel<B> {
         self.kv.blocks.len(cache_id)
     }
 
-    fn prepare(&mut self, _cache_id: &str, max_tokens: usize) {
+    fn prepare(&mut self, cache_id: &str, max_tokens: usize) {
         let rows = max_tokens.min(self.kv_capacity);
         self.scratch.ensure(&self.cfg, rows, rows);
+        self.kv.blocks.reserve_capacity(cache_id, rows);
     }
 
     fn kv_capacity(&self) -> usize {
@@ -624,20 +701,26 @@ impl<B: Backend> DecoderOnlyLLM for LlamaModel<B> {
         &mut self,
         items: &[(String, Vec<u32>, usize, bool)],
     ) -> Result<Vec<Option<Vec<f32>>>> {
-        let segs: Vec<Segment> = items
-            .iter()
-            .map(|(id, toks, pos, last)| Segment {
-                cache_id: id,
-                tokens: toks,
-                pos: *pos,
-                logits: if *last {
-                    LogitsWanted::Last
-                } else {
-                    LogitsWanted::None
-                },
-            })
-            .collect();
+        let segs: Vec<Segment> = items.iter().map(Segment::of_item).collect();
         self.forward(&segs)
+    }
+
+    fn unified_forward_into(
+        &mut self,
+        items: &[(String, Vec<u32>, usize, bool)],
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        // Segments on the stack for engine-sized batches: no allocation.
+        const STACK: usize = 64;
+        if items.len() > STACK {
+            let segs: Vec<Segment> = items.iter().map(Segment::of_item).collect();
+            return self.forward_into(&segs, logits);
+        }
+        let mut segs = [Segment::EMPTY; STACK];
+        for (s, item) in segs.iter_mut().zip(items) {
+            *s = Segment::of_item(item);
+        }
+        self.forward_into(&segs[..items.len()], logits)
     }
 
     fn truncate_kv(&mut self, cache_id: &str, new_len: usize) {

@@ -6,7 +6,10 @@
 //! block format with a `gemm_quant` kernel stay in their blocks (a quarter
 //! to an eighth of f32); other types are dequantized to f32 at load.
 
-use ferrum_formats::gguf::GgufFile;
+use std::ops::{Deref, Range};
+use std::sync::Arc;
+
+use ferrum_formats::gguf::{GgufFile, TensorInfo};
 use ferrum_formats::safetensors::SafeTensors;
 use ferrum_kernels::quant::{dequantize, random_blocks};
 use ferrum_kernels::{Backend, GgufQuantType, QuantKind, QuantWeights};
@@ -93,10 +96,45 @@ fn layer_name(src: &Source, arch: Arch, role: Role, i: usize) -> String {
     }
 }
 
+/// Bytes that stay where they are: a range of a GGUF file's mapping (no
+/// copy; the pages are read from the page cache as needed), or a vector of
+/// bytes built in memory.
+#[derive(Clone)]
+pub struct Bytes {
+    owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    range: Range<usize>,
+}
+
+impl Bytes {
+    fn mapped(g: &GgufFile, t: &TensorInfo) -> Self {
+        Self {
+            owner: g.mapping(),
+            range: g.tensor_range(t),
+        }
+    }
+}
+
+impl From<Vec<u8>> for Bytes {
+    fn from(v: Vec<u8>) -> Self {
+        let range = 0..v.len();
+        Self {
+            owner: Arc::new(v),
+            range,
+        }
+    }
+}
+
+impl Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &(*self.owner).as_ref()[self.range.clone()]
+    }
+}
+
 /// A weight matrix `[rows, k]` on the host, as loaded.
 enum Raw {
     F32(Vec<f32>),
-    Blocks { bytes: Vec<u8>, ty: GgufQuantType },
+    Blocks { bytes: Bytes, ty: GgufQuantType },
 }
 
 impl Raw {
@@ -116,7 +154,7 @@ impl Raw {
         match self {
             Raw::F32(v) => Raw::F32(gather_rows(v, rows, &src_of)),
             Raw::Blocks { bytes, ty } => Raw::Blocks {
-                bytes: gather_rows(bytes, rows, &src_of),
+                bytes: gather_rows(bytes, rows, &src_of).into(),
                 ty: *ty,
             },
         }
@@ -154,7 +192,7 @@ fn read(src: &Source, name: &str, numel: usize) -> Result<Option<Raw>> {
             let data = g.tensor_data(t);
             if let Some(qt) = GgufQuantType::from_ggml(t.ty).filter(|_| t.dims.len() == 2) {
                 return Ok(Some(Raw::Blocks {
-                    bytes: data.to_vec(),
+                    bytes: Bytes::mapped(g, t),
                     ty: qt,
                 }));
             }
@@ -250,10 +288,13 @@ fn fuse(parts: Vec<(Raw, usize)>) -> std::result::Result<Raw, Vec<(Raw, usize)>>
         let mut bytes = Vec::new();
         for (r, _) in parts {
             if let Raw::Blocks { bytes: b, .. } = r {
-                bytes.extend(b);
+                bytes.extend_from_slice(&b);
             }
         }
-        return Ok(Raw::Blocks { bytes, ty });
+        return Ok(Raw::Blocks {
+            bytes: bytes.into(),
+            ty,
+        });
     }
     if parts.iter().all(|(r, _)| matches!(r, Raw::F32(_))) {
         let mut all = Vec::new();
@@ -285,9 +326,10 @@ fn fuse_or_f32(parts: Vec<(Raw, usize)>, k: usize) -> Result<Raw> {
 pub enum Embedding<B: Backend> {
     /// f32 rows in backend memory (pre-scaled when the model scales).
     Dense(B::Buffer),
-    /// GGUF blocks on the host; looked-up rows are dequantized per call.
+    /// GGUF blocks on the host (for a file, its mapping: only looked-up
+    /// rows are ever read back in); rows are dequantized per call.
     Blocks {
-        bytes: Vec<u8>,
+        bytes: Bytes,
         ty: GgufQuantType,
         row_bytes: usize,
         scale: Option<f32>,
@@ -295,13 +337,15 @@ pub enum Embedding<B: Backend> {
 }
 
 impl<B: Backend> Embedding<B> {
-    /// Writes the rows of `ids` into `out` (`[ids.len(), dim]`).
+    /// Writes the rows of `ids` into `out` (`[ids.len(), dim]`); `host` is
+    /// scratch for rows dequantized on the host.
     pub fn lookup(
         &self,
         ctx: &mut B::Context,
         ids: &[u32],
         out: &mut B::Buffer,
         dim: usize,
+        host: &mut Vec<f32>,
     ) -> Result<()> {
         match self {
             Embedding::Dense(t) => B::embedding_lookup(ctx, t, ids, out, dim),
@@ -311,8 +355,8 @@ impl<B: Backend> Embedding<B> {
                 row_bytes,
                 scale,
             } => {
-                let mut rows = vec![0f32; ids.len() * dim];
-                for (r, &id) in rows.chunks_exact_mut(dim).zip(ids) {
+                host.resize(ids.len() * dim, 0.0);
+                for (r, &id) in host.chunks_exact_mut(dim).zip(ids) {
                     let start = id as usize * row_bytes;
                     let src = bytes.get(start..start + row_bytes).ok_or_else(|| {
                         FerrumError::invalid(format!(
@@ -324,7 +368,7 @@ impl<B: Backend> Embedding<B> {
                         r.iter_mut().for_each(|v| *v *= s);
                     }
                 }
-                B::copy_slice(ctx, &B::from_slice(&rows), 0, out, 0, rows.len());
+                B::write_from(ctx, host, out, 0);
             }
         }
         Ok(())
@@ -605,7 +649,7 @@ impl<B: Backend> Weights<B> {
         let mut linear = |rows: usize, k: usize| -> Result<Linear<B>> {
             Linear::upload(
                 Raw::Blocks {
-                    bytes: blocks(rows, k)?,
+                    bytes: blocks(rows, k)?.into(),
                     ty,
                 },
                 rows,
@@ -632,8 +676,9 @@ impl<B: Backend> Weights<B> {
             });
         }
         let lm_head = Some(linear(cfg.vocab, h)?);
-        let bytes = random_blocks(g, cfg.vocab * h / bs, seed ^ 0xE3B)
-            .ok_or_else(|| FerrumError::unsupported(format!("random weights in {g:?}")))?;
+        let bytes: Bytes = random_blocks(g, cfg.vocab * h / bs, seed ^ 0xE3B)
+            .ok_or_else(|| FerrumError::unsupported(format!("random weights in {g:?}")))?
+            .into();
         Ok(Self {
             embed: Embedding::Blocks {
                 row_bytes: bytes.len() / cfg.vocab,

@@ -1,0 +1,86 @@
+//! A decode step allocates nothing on the heap once the model's scratch has
+//! grown to the batch: counted by a global allocator over steps of two
+//! sequences, for interleaved (Q4_1) and k-quant (Q4_K) weights.
+//!
+//! The only test in its binary, so no other test allocates while it counts.
+//! It drives the model from a worker of a rayon pool, as the CLI and the
+//! server do (`cpu::on_pool`): from outside, every parallel op would be
+//! injected into the pool's queue, which allocates a block now and then.
+
+#![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use ferrum_kernels::{CpuBackend, GgufQuantType};
+use ferrum_models::llama::{preset, LlamaModel, LogitsWanted, Segment};
+use ferrum_models::DecoderOnlyLLM;
+
+/// Counts every allocation and reallocation, on any thread.
+struct Counting;
+
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::SeqCst);
+        System.alloc(layout)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::SeqCst);
+        System.alloc_zeroed(layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::SeqCst);
+        System.realloc(ptr, layout, new)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn decode_steps_do_not_allocate() {
+    ferrum_kernels::cpu::on_pool(Some(2), count_allocations).unwrap();
+}
+
+fn count_allocations() {
+    let mut cfg = preset("qwen2.5-0.5b").unwrap();
+    (cfg.hidden, cfg.intermediate, cfg.layers) = (256, 512, 2);
+    (cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.vocab) = (4, 2, 64, 1000);
+    cfg.sliding = vec![false; 2];
+    for ty in [GgufQuantType::Q4_1, GgufQuantType::Q4K] {
+        let mut model = LlamaModel::<CpuBackend>::random(cfg.clone(), ty, 3).unwrap();
+        let ids = ["a", "b"];
+        for id in ids {
+            model.prepare(id, 128);
+            model.try_prefill(id, &[1, 2, 3, 4, 5, 6, 7]).unwrap();
+        }
+        let mut logits = Vec::new();
+        let mut step = |model: &mut LlamaModel<CpuBackend>, i: usize| {
+            let toks = [[(i % 1000) as u32], [(7 * i % 1000) as u32]];
+            let segs = [0, 1].map(|s| Segment {
+                cache_id: ids[s],
+                tokens: &toks[s],
+                pos: 7 + i,
+                logits: LogitsWanted::Last,
+            });
+            model.forward_into(&segs, &mut logits).unwrap();
+            assert_eq!(logits.len(), 2 * cfg.vocab);
+        };
+        for i in 0..4 {
+            step(&mut model, i);
+        }
+        let before = ALLOCS.load(Ordering::SeqCst);
+        // Crosses several 16-position KV blocks.
+        for i in 4..60 {
+            step(&mut model, i);
+        }
+        let during = ALLOCS.load(Ordering::SeqCst) - before;
+        assert_eq!(during, 0, "{ty:?}: {during} allocations in 56 decode steps");
+    }
+}
