@@ -423,14 +423,24 @@ impl<B: Backend> LlamaModel<B> {
                     block_size: self.kv.blocks.block_size(),
                 };
                 let (kp, vp) = (&mut self.kv.k[l], &mut self.kv.v[l]);
-                B::copy_slice(ctx, &s.q, r0 * qd, &mut s.seg_q, 0, n * qd);
-                B::copy_slice(ctx, &s.k, r0 * kvd, &mut s.seg_k, 0, n * kvd);
-                B::copy_slice(ctx, &s.v, r0 * kvd, &mut s.seg_v, 0, n * kvd);
+                // A lone segment is the whole batch: its rows are read and
+                // written in place rather than copied out and back.
+                let direct = segs.len() == 1;
+                if !direct {
+                    B::copy_slice(ctx, &s.q, r0 * qd, &mut s.seg_q, 0, n * qd);
+                    B::copy_slice(ctx, &s.k, r0 * kvd, &mut s.seg_k, 0, n * kvd);
+                    B::copy_slice(ctx, &s.v, r0 * kvd, &mut s.seg_v, 0, n * kvd);
+                }
+                let (q_in, k_in, v_in) = if direct {
+                    (&s.q, &s.k, &s.v)
+                } else {
+                    (&s.seg_q, &s.seg_k, &s.seg_v)
+                };
                 let qn = lw.q_norm.as_ref().unwrap_or(&self.empty);
                 let kn = lw.k_norm.as_ref().unwrap_or(&self.empty);
                 B::qk_norm_rope(
                     ctx,
-                    &s.seg_q,
+                    q_in,
                     qn,
                     cos,
                     sin,
@@ -444,7 +454,7 @@ impl<B: Backend> LlamaModel<B> {
                 );
                 B::qk_norm_rope(
                     ctx,
-                    &s.seg_k,
+                    k_in,
                     kn,
                     cos,
                     sin,
@@ -458,7 +468,7 @@ impl<B: Backend> LlamaModel<B> {
                 );
                 B::qk_norm_rope(
                     ctx,
-                    &s.seg_v,
+                    v_in,
                     &self.empty,
                     cos,
                     sin,
@@ -483,8 +493,12 @@ impl<B: Backend> LlamaModel<B> {
                     p,
                     &attn_cfg,
                 );
-                B::transpose_head_to_token(ctx, &s.seg_attn, &mut s.seg_tok, n, nh, hd);
-                B::copy_slice(ctx, &s.seg_tok, 0, &mut s.attn, r0 * qd, n * qd);
+                if direct {
+                    B::transpose_head_to_token(ctx, &s.seg_attn, &mut s.attn, n, nh, hd);
+                } else {
+                    B::transpose_head_to_token(ctx, &s.seg_attn, &mut s.seg_tok, n, nh, hd);
+                    B::copy_slice(ctx, &s.seg_tok, 0, &mut s.attn, r0 * qd, n * qd);
+                }
                 r0 += n;
             }
             lw.o.forward(ctx, &s.attn, &mut s.o, rows, h, qd)?;
