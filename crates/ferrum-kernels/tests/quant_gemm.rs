@@ -222,42 +222,36 @@ fn blocks_in_the_file_layout_still_compute() {
 #[test]
 fn short_buffers_and_ragged_k_are_errors() {
     let t = GgufQuantType::Q8_0;
-    let qw = B::from_slice(&pack_bytes(&[0u8; 34 * 4]));
-    let w = QuantWeights::<B> {
-        qweight: &qw,
-        scales: None,
-        zeros: None,
-        g_idx: None,
-    };
     let kind = QuantKind::Gguf { quant_type: t };
     let a = B::alloc(64);
     let mut out = B::alloc(8);
-    assert!(B::gemm_quant(&mut (), &a, &w, &mut out, 1, 2, 64, &kind).is_ok());
-    assert!(
-        B::gemm_quant(&mut (), &a, &w, &mut out, 1, 3, 64, &kind).is_err(),
-        "weight too short"
-    );
-    assert!(
-        B::gemm_quant(&mut (), &a, &w, &mut out, 1, 2, 48, &kind).is_err(),
-        "k not whole blocks"
-    );
-    // The same through load_gguf (interleaved where the CPU has the kernel).
-    let qw = B::load_gguf(&[0u8; 34 * 4], t, 2, 64).unwrap();
+    // The file's layout, and the one load_gguf chose (interleaved where the
+    // CPU has the kernel: two rows fill a group of eight, so nine are short).
+    let raw = B::from_slice(&pack_bytes(&[0u8; 34 * 4]));
+    let loaded = B::load_gguf(&[0u8; 34 * 4], t, 2, 64).unwrap();
+    for (qw, too_many) in [(&raw, 3), (&loaded, 9)] {
+        let w = QuantWeights::<B> {
+            qweight: qw,
+            scales: None,
+            zeros: None,
+            g_idx: None,
+        };
+        assert!(B::gemm_quant(&mut (), &a, &w, &mut out, 1, 2, 64, &kind).is_ok());
+        assert!(
+            B::gemm_quant(&mut (), &a, &w, &mut out, 1, too_many, 64, &kind).is_err(),
+            "weight too short"
+        );
+        assert!(
+            B::gemm_quant(&mut (), &a, &w, &mut out, 1, 2, 48, &kind).is_err(),
+            "k not whole blocks"
+        );
+    }
     let w = QuantWeights::<B> {
-        qweight: &qw,
+        qweight: &loaded,
         scales: None,
         zeros: None,
         g_idx: None,
     };
-    assert!(B::gemm_quant(&mut (), &a, &w, &mut out, 1, 2, 64, &kind).is_ok());
-    assert!(
-        B::gemm_quant(&mut (), &a, &w, &mut out, 1, 9, 64, &kind).is_err(),
-        "weight too short"
-    );
-    assert!(
-        B::gemm_quant(&mut (), &a, &w, &mut out, 1, 2, 48, &kind).is_err(),
-        "k not whole blocks"
-    );
     if integer_activation_group(t) == Some(32) {
         let other = QuantKind::Gguf {
             quant_type: GgufQuantType::Q4_0,

@@ -8,6 +8,10 @@ use crate::quant::act::{act_scale, quantize_act, ACT_MAX};
 /// Rows at or above this count are quantized in parallel.
 const PAR_ROWS: usize = 16;
 
+/// Bytes of quantized activations a GEMM pass keeps in L2 while every
+/// weight row streams past them (see [`ActRows::blocks`]).
+const BLOCK_BYTES: usize = 256 << 10;
+
 /// Values per group sum in [`ActRows::sums`].
 pub(crate) const SUM_GROUP: usize = 32;
 
@@ -54,6 +58,18 @@ impl ActRows {
         } else {
             rows.for_each(one);
         }
+    }
+}
+
+impl ActRows {
+    /// The `m` rows in consecutive blocks of a multiple of 8 rows whose
+    /// values fit in [`BLOCK_BYTES`]. A GEMM runs one block at a time over
+    /// all its weight rows: a prompt's activations (5 MB for 512 rows of
+    /// 4,864) would otherwise be streamed from L3 again for every few weight
+    /// rows. Results do not depend on the blocking.
+    pub(crate) fn blocks(&self, m: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+        let rows = (BLOCK_BYTES / (2 * self.k.max(1))).max(8) / 8 * 8;
+        (0..m).step_by(rows).map(move |r| r..(r + rows).min(m))
     }
 }
 

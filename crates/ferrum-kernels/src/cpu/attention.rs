@@ -26,6 +26,22 @@ thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Scratch [`reserve_scratch`] sets aside: a decode task's rows (a GQA
+/// group of up to 16 heads) with head dimensions up to 256.
+const RESERVED_SCRATCH: usize = 16 * (KV_TILE + 256 + 2);
+
+/// Sizes this thread's scratch for decoding up front. Which pool thread
+/// runs which attention task is up to work stealing, so a thread may take
+/// its first one long after warm-up; `cpu::on_pool` calls this on every
+/// thread so that decode steps never allocate.
+pub(crate) fn reserve_scratch() {
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        let extra = RESERVED_SCRATCH.saturating_sub(s.len());
+        s.reserve(extra);
+    });
+}
+
 /// Shapes of one call, fixed for all tasks.
 struct Dims {
     nh: usize,

@@ -198,30 +198,48 @@ pub(crate) fn gemm(
     }
     let ptr = SyncPtr(out.as_mut_ptr());
     let tasks = groups.div_ceil(GROUPS_PER_TASK);
-    (0..tasks).into_par_iter().for_each(|t| {
-        let mut res = [[0f32; ROWS]; ACT_ROWS];
-        for g in t * GROUPS_PER_TASK..((t + 1) * GROUPS_PER_TASK).min(groups) {
-            let gw = &w[g * nb * gb..(g + 1) * nb * gb];
-            let (j0, valid) = (g * ROWS, ROWS.min(n - g * ROWS));
-            for r0 in (0..m).step_by(ACT_ROWS) {
-                let rows = ACT_ROWS.min(m - r0);
-                dot_group(ty, gw, act, r0, rows, &mut res);
-                for (c, res) in res[..rows].iter().enumerate() {
-                    // SAFETY: row r0 + c < m and columns j0..j0 + valid ≤ n
-                    // of `out` ([m, n]); only this task writes group g's
-                    // columns.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            res.as_ptr(),
-                            ptr.get().add((r0 + c) * n + j0),
-                            valid,
-                        )
-                    };
-                }
+    for block in act.blocks(m) {
+        (0..tasks).into_par_iter().for_each(|t| {
+            group_task(act, w, ty, ptr, &block, t, n);
+        });
+    }
+    Ok(())
+}
+
+/// Task `t`'s groups against the activation rows `block`.
+fn group_task(
+    act: &ActRows,
+    w: &[u8],
+    ty: GgmlType,
+    ptr: SyncPtr,
+    block: &std::ops::Range<usize>,
+    t: usize,
+    n: usize,
+) {
+    let nb = act.k / 32;
+    let gb = group_bytes(ty);
+    let groups = n.div_ceil(ROWS);
+    let mut res = [[0f32; ROWS]; ACT_ROWS];
+    for g in t * GROUPS_PER_TASK..((t + 1) * GROUPS_PER_TASK).min(groups) {
+        let gw = &w[g * nb * gb..(g + 1) * nb * gb];
+        let (j0, valid) = (g * ROWS, ROWS.min(n - g * ROWS));
+        for r0 in block.clone().step_by(ACT_ROWS) {
+            let rows = ACT_ROWS.min(block.end - r0);
+            dot_group(ty, gw, act, r0, rows, &mut res);
+            for (c, res) in res[..rows].iter().enumerate() {
+                // SAFETY: row r0 + c < m and columns j0..j0 + valid ≤ n of
+                // `out` ([m, n], checked by the caller); only this task
+                // writes group g's columns.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        res.as_ptr(),
+                        ptr.get().add((r0 + c) * n + j0),
+                        valid,
+                    )
+                };
             }
         }
-    });
-    Ok(())
+    }
 }
 
 /// `out[c][r] = act[r0 + c] · dequant(row r of group gw)` for `m ≤ 8`

@@ -125,6 +125,7 @@ pub fn on_pool<R: Send>(
     let pool = b
         .build()
         .map_err(|e| ferrum_types::FerrumError::Device(format!("cannot start CPU threads: {e}")))?;
+    pool.broadcast(|_| attention::reserve_scratch());
     Ok(pool.install(f))
 }
 

@@ -124,23 +124,25 @@ fn integer(
 ) {
     let ptr = SyncPtr(out.as_mut_ptr());
     let tasks = n.div_ceil(ROWS_PER_TASK);
-    (0..tasks).into_par_iter().for_each(|t| {
-        let mut dots = [[0f32; STREAMING_MAX_M]; ROWS_PER_TASK];
-        let rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(n);
-        let dots = &mut dots[..rows.len()];
-        let wrows = &w[rows.start * row_bytes..rows.end * row_bytes];
-        for g0 in (0..m).step_by(STREAMING_MAX_M) {
-            let gm = STREAMING_MAX_M.min(m - g0);
-            int_dot::dot_rows(ty, wrows, act, g0, gm, dots);
-            for (i, j) in rows.clone().enumerate() {
-                for (c, &d) in dots[i][..gm].iter().enumerate() {
-                    // SAFETY: g0 + c < m, j < n; only this task writes
-                    // column j.
-                    unsafe { *ptr.get().add((g0 + c) * n + j) = d };
+    for block in act.blocks(m) {
+        (0..tasks).into_par_iter().for_each(|t| {
+            let mut dots = [[0f32; STREAMING_MAX_M]; ROWS_PER_TASK];
+            let rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(n);
+            let dots = &mut dots[..rows.len()];
+            let wrows = &w[rows.start * row_bytes..rows.end * row_bytes];
+            for g0 in block.clone().step_by(STREAMING_MAX_M) {
+                let gm = STREAMING_MAX_M.min(block.end - g0);
+                int_dot::dot_rows(ty, wrows, act, g0, gm, dots);
+                for (i, j) in rows.clone().enumerate() {
+                    for (c, &d) in dots[i][..gm].iter().enumerate() {
+                        // SAFETY: g0 + c < m, j < n; only this task writes
+                        // column j.
+                        unsafe { *ptr.get().add((g0 + c) * n + j) = d };
+                    }
                 }
             }
-        }
-    });
+        });
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
