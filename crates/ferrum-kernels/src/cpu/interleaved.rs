@@ -72,6 +72,12 @@ fn group_bytes(ty: GgmlType) -> usize {
     ROWS * ty.block_bytes()
 }
 
+/// Bytes of `n` rows of `k` values of `ty` once interleaved (rows padded to
+/// whole groups).
+pub(crate) fn weight_bytes(ty: GgmlType, n: usize, k: usize) -> usize {
+    n.div_ceil(ROWS) * (k / 32) * group_bytes(ty)
+}
+
 /// The interleaved form of `n` rows of `k` values in `ty` blocks (`bytes`
 /// in the file's layout), as f32 words for a [`super::CpuBuffer`].
 pub(crate) fn repack(bytes: &[u8], ty: GgmlType, n: usize, k: usize) -> Result<Vec<f32>> {
@@ -85,7 +91,7 @@ pub(crate) fn repack(bytes: &[u8], ty: GgmlType, n: usize, k: usize) -> Result<V
     let nb = k / 32;
     let gb = group_bytes(ty);
     let groups = n.div_ceil(ROWS);
-    let mut words = vec![0f32; (groups * nb * gb).div_ceil(4)];
+    let mut words = vec![0f32; weight_bytes(ty, n, k).div_ceil(4)];
     // SAFETY: f32 words have no invalid bit patterns, and the byte view
     // covers exactly the words' memory.
     let out =
@@ -178,32 +184,17 @@ fn pack_quants(ty: GgmlType, q: &[[u8; 32]; ROWS], dst: &mut [u8]) {
 
 /// `out[m, n] = a · dequant(w)ᵀ` for interleaved weights `w` (`n` rows of
 /// `k` values in `ty`) and activations already quantized in `act`
-/// (32-value groups).
-pub(crate) fn gemm(
-    act: &ActRows,
-    w: &[u8],
-    ty: GgmlType,
-    out: &mut [f32],
-    m: usize,
-    n: usize,
-) -> Result<()> {
-    let k = act.k;
-    let nb = k / 32;
-    let gb = group_bytes(ty);
-    let groups = n.div_ceil(ROWS);
-    if !supports(ty) || act.group != 32 || w.len() < groups * nb * gb || out.len() < m * n {
-        return Err(FerrumError::invalid(format!(
-            "interleaved {ty} GEMM: buffers do not fit m = {m}, n = {n}, k = {k}"
-        )));
-    }
+/// (32-value groups). The caller has checked the buffers' sizes.
+pub(crate) fn gemm(act: &ActRows, w: &[u8], ty: GgmlType, out: &mut [f32], m: usize, n: usize) {
+    assert!(supports(ty) && act.group == 32);
+    assert!(w.len() >= weight_bytes(ty, n, act.k) && out.len() >= m * n);
     let ptr = SyncPtr(out.as_mut_ptr());
-    let tasks = groups.div_ceil(GROUPS_PER_TASK);
+    let tasks = n.div_ceil(ROWS).div_ceil(GROUPS_PER_TASK);
     for block in act.blocks(m) {
         (0..tasks).into_par_iter().for_each(|t| {
             group_task(act, w, ty, ptr, &block, t, n);
         });
     }
-    Ok(())
 }
 
 /// Task `t`'s groups against the activation rows `block`.

@@ -61,24 +61,10 @@ pub(crate) fn gemm_gguf(
     n: usize,
     k: usize,
 ) -> Result<()> {
-    if let Some(layout) = interleaved {
-        if layout != ty {
-            return Err(FerrumError::invalid(format!(
-                "gemm_quant {ty}: the weight was loaded as {layout}"
-            )));
-        }
-        if !k.is_multiple_of(32) || a.len() < m * k {
-            return Err(FerrumError::invalid(format!(
-                "gemm_quant {ty}: k = {k} is not whole blocks or the activations are short"
-            )));
-        }
-        if m == 0 || n == 0 {
-            return Ok(());
-        }
-        return with_scratch(&ACT, |act| {
-            act.quantize(&a[..m * k], m, k, 32);
-            interleaved::gemm(act, w, ty, out, m, n)
-        });
+    if interleaved.is_some_and(|layout| layout != ty) {
+        return Err(FerrumError::invalid(format!(
+            "gemm_quant {ty}: the weight was loaded as {interleaved:?}"
+        )));
     }
     let (bs, bb) = (ty.block_size(), ty.block_bytes());
     if !k.is_multiple_of(bs) {
@@ -87,18 +73,27 @@ pub(crate) fn gemm_gguf(
         )));
     }
     let row_bytes = k / bs * bb;
-    if w.len() < n * row_bytes || a.len() < m * k || out.len() < m * n {
+    let need = match interleaved {
+        Some(_) => interleaved::weight_bytes(ty, n, k),
+        None => n * row_bytes,
+    };
+    if w.len() < need || a.len() < m * k || out.len() < m * n {
         return Err(FerrumError::invalid(format!(
-            "gemm_quant {ty}: buffers too small for m = {m}, n = {n}, k = {k} ({} weight bytes, need {})",
+            "gemm_quant {ty}: buffers too small for m = {m}, n = {n}, k = {k} ({} weight bytes, need {need})",
             w.len(),
-            n * row_bytes
         )));
     }
     if m == 0 || n == 0 {
         return Ok(());
     }
     let (a, out) = (&a[..m * k], &mut out[..m * n]);
-    if int_dot::supports(ty) {
+    if interleaved.is_some() {
+        with_scratch(&ACT, |act| {
+            act.quantize(a, m, k, 32);
+            interleaved::gemm(act, w, ty, out, m, n);
+        });
+        Ok(())
+    } else if int_dot::supports(ty) {
         with_scratch(&ACT, |act| {
             act.quantize(a, m, k, int_dot::ACT_GROUP);
             integer(act, w, ty, row_bytes, out, m, n);

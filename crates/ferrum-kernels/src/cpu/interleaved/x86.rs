@@ -89,49 +89,35 @@ unsafe fn add_fifth<const AVX512: bool>(w: &mut [__m256i; 8], qh: *const u8, h: 
     }
 }
 
-struct Q40;
-impl Format for Q40 {
-    const GROUP: usize = 8 * 18;
-    const OFFSET: Offset = Offset::Scaled(-8.0);
-    #[inline(always)]
-    unsafe fn half<const AVX512: bool>(g: *const u8, h: usize) -> [__m256i; 8] {
-        nibble_half(g.add(16), h)
-    }
+/// The 4- and 5-bit formats: nibbles after the scales (and the minimums,
+/// when `MIN`), then the fifth-bit masks when `FIFTH`; without minimums the
+/// offset is −8·d (Q4_0) or −16·d (Q5_0).
+struct Nibbles<const MIN: bool, const FIFTH: bool>;
+impl<const MIN: bool, const FIFTH: bool> Nibbles<MIN, FIFTH> {
+    /// Where the nibbles start.
+    const QS: usize = if MIN { 32 } else { 16 };
 }
-
-struct Q41;
-impl Format for Q41 {
-    const GROUP: usize = 8 * 20;
-    const OFFSET: Offset = Offset::Min;
+impl<const MIN: bool, const FIFTH: bool> Format for Nibbles<MIN, FIFTH> {
+    const GROUP: usize = Self::QS + 128 + if FIFTH { 32 } else { 0 };
+    const OFFSET: Offset = match (MIN, FIFTH) {
+        (true, _) => Offset::Min,
+        (false, false) => Offset::Scaled(-8.0),
+        (false, true) => Offset::Scaled(-16.0),
+    };
     #[inline(always)]
     unsafe fn half<const AVX512: bool>(g: *const u8, h: usize) -> [__m256i; 8] {
-        nibble_half(g.add(32), h)
-    }
-}
-
-struct Q50;
-impl Format for Q50 {
-    const GROUP: usize = 8 * 22;
-    const OFFSET: Offset = Offset::Scaled(-16.0);
-    #[inline(always)]
-    unsafe fn half<const AVX512: bool>(g: *const u8, h: usize) -> [__m256i; 8] {
-        let mut w = nibble_half(g.add(16), h);
-        add_fifth::<AVX512>(&mut w, g.add(16 + 128), h);
+        let mut w = nibble_half(g.add(Self::QS), h);
+        if FIFTH {
+            add_fifth::<AVX512>(&mut w, g.add(Self::QS + 128), h);
+        }
         w
     }
 }
 
-struct Q51;
-impl Format for Q51 {
-    const GROUP: usize = 8 * 24;
-    const OFFSET: Offset = Offset::Min;
-    #[inline(always)]
-    unsafe fn half<const AVX512: bool>(g: *const u8, h: usize) -> [__m256i; 8] {
-        let mut w = nibble_half(g.add(32), h);
-        add_fifth::<AVX512>(&mut w, g.add(32 + 128), h);
-        w
-    }
-}
+type Q40 = Nibbles<false, false>;
+type Q41 = Nibbles<true, false>;
+type Q50 = Nibbles<false, true>;
+type Q51 = Nibbles<true, true>;
 
 struct Q80;
 impl Format for Q80 {
