@@ -1,37 +1,41 @@
 //! Legacy GGUF blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) re-laid out at load,
-//! eight weight rows at a time, for an integer kernel whose vector lanes are
-//! those eight rows.
+//! sixteen weight rows at a time, for an integer kernel whose vector lanes
+//! are those rows.
 //!
 //! A dot product per 32-value block leaves one integer per weight row,
 //! which must be scaled by that row's own block scale. Kept in the file's
-//! layout, the eight lanes of a vector hold one row's partial sums, and
-//! every (block, activation row) pair then pays a conversion and an FMA on
-//! top of its two multiplies (or a shuffle tree to reduce the lanes).
-//! Here the lanes *are* the rows: each `VPDPWSSD` (or `PMADDWD`) multiplies
-//! one pair of values of all eight rows by one broadcast pair of activation
-//! values, so a block's eight results land in one vector and are converted
-//! and scaled once for the eight rows. With VNNI the kernel is two
-//! multiplies per (block, row, activation row) and nothing else of note,
-//! about 2.5x the old one at 8 activation rows.
+//! layout, the lanes of a vector hold one row's partial sums, and every
+//! (block, activation row) pair then pays a conversion and an FMA on top of
+//! its two multiplies (or a shuffle tree to reduce the lanes). Here the
+//! lanes *are* the rows: each `VPDPWSSD` (or `PMADDWD`) multiplies one pair
+//! of values of all the rows by one broadcast pair of activation values, so
+//! a block's results land in one vector and are converted and scaled once
+//! for all rows. Sixteen rows fill a 512-bit vector: where the CPU runs
+//! two 512-bit `VPDPWSSD` per cycle (Intel server cores) that is twice the
+//! multiplies per instruction of eight rows in 256 bits, and where it
+//! splits them in two (Zen 4) it is no slower. CPUs without AVX-512 take
+//! each group as two halves of eight rows in 256-bit vectors.
 //!
-//! Layout of one *group block* (rows `8g..8g+8`, block `b`; groups are
+//! Layout of one *group block* (rows `16g..16g+16`, block `b`; groups are
 //! stored one after another, each holding its blocks in order, rows past
 //! `n` zero):
-//! - bytes 0..16: the eight rows' f16 scales `d`;
-//! - bytes 16..32 (Q4_1, Q5_1): the eight f16 minimums `m`;
-//! - the quants as 16 vectors `W_p` (`p` = 0..16) of 16 values:
+//! - bytes 0..32: the sixteen rows' f16 scales `d`;
+//! - bytes 32..64 (Q4_1, Q5_1): the sixteen f16 minimums `m`;
+//! - the quants as 16 vectors `W_p` (`p` = 0..16) of 32 values:
 //!   `W_p[i]` is value `2p + i % 2` of row `i / 2`, so one 32-bit lane holds
-//!   a row's pair of values. Q8_0 stores them as 16 × 16 i8; the 4- and
-//!   5-bit types as 8 slices of 16 bytes, slice `s` holding `W_2s` in its
-//!   low nibbles and `W_2s+1` in its high nibbles;
-//! - Q5_0, Q5_1: 16 little-endian u16 masks, bit `i` of mask `p` the fifth
+//!   a row's pair of values, rows 0..8 in the low 256 bits. Q8_0 stores
+//!   them as 16 × 32 i8; the 4- and 5-bit types as 8 slices of 32 bytes,
+//!   slice `s` holding `W_2s` in its low nibbles and `W_2s+1` in its high
+//!   nibbles;
+//! - Q5_0, Q5_1: 16 little-endian u32 masks, bit `i` of mask `p` the fifth
 //!   bit of `W_p[i]`.
 //!
-//! A group block is exactly eight file blocks long, so the weights take
+//! A group block is exactly sixteen file blocks long, so the weights take
 //! the same memory as in the file.
 //!
 //! Every output is computed by one lane through the same instructions for
-//! any number of activation rows (the engine's batched == alone guarantee):
+//! any number of activation rows (the engine's batched == alone guarantee),
+//! and by the same instructions in either vector width:
 //! per block `acc = fma(float(Σ w·a), d·d_a, acc)`, then for types with an
 //! offset `acc = fma(o, d_a·Σa, acc)`.
 
@@ -44,12 +48,12 @@ use super::SyncPtr;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-/// Weight rows per group: the lanes of a 256-bit vector of i32.
-pub(crate) const ROWS: usize = 8;
+/// Weight rows per group: the lanes of a 512-bit vector of i32.
+pub(crate) const ROWS: usize = 16;
 
 /// Groups per parallel task: enough work to amortise the task, few enough
 /// that a decode-sized GEMM still splits over every core.
-const GROUPS_PER_TASK: usize = 2;
+const GROUPS_PER_TASK: usize = 1;
 
 /// Activation rows per kernel call: one accumulator register each.
 const ACT_ROWS: usize = 8;
@@ -134,7 +138,7 @@ fn pack_block(ty: GgmlType, src: &[u8], r: usize, q: &mut [u8; 32], dst: &mut [u
     match ty {
         GgmlType::Q4_0 => nibbles(q, &src[2..]),
         GgmlType::Q4_1 => {
-            dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&src[2..4]);
+            dst[32 + 2 * r..32 + 2 * r + 2].copy_from_slice(&src[2..4]);
             nibbles(q, &src[4..]);
         }
         GgmlType::Q5_0 => {
@@ -142,7 +146,7 @@ fn pack_block(ty: GgmlType, src: &[u8], r: usize, q: &mut [u8; 32], dst: &mut [u
             fifth(q, &src[2..6]);
         }
         GgmlType::Q5_1 => {
-            dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&src[2..4]);
+            dst[32 + 2 * r..32 + 2 * r + 2].copy_from_slice(&src[2..4]);
             nibbles(q, &src[8..]);
             fifth(q, &src[4..8]);
         }
@@ -150,35 +154,42 @@ fn pack_block(ty: GgmlType, src: &[u8], r: usize, q: &mut [u8; 32], dst: &mut [u
     }
 }
 
-/// Writes the eight rows' quants `q` in the `W_p` order after the scales.
+/// Writes the sixteen rows' quants `q` in the `W_p` order after the scales.
 fn pack_quants(ty: GgmlType, q: &[[u8; 32]; ROWS], dst: &mut [u8]) {
+    const LANES: usize = 2 * ROWS;
     let w = |p: usize, i: usize| q[i / 2][2 * p + i % 2];
     match ty {
         GgmlType::Q8_0 => {
             for p in 0..16 {
-                for i in 0..16 {
-                    dst[16 + 16 * p + i] = w(p, i);
+                for i in 0..LANES {
+                    dst[32 + LANES * p + i] = w(p, i);
                 }
             }
         }
         _ => {
-            let qs = if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
-                32
-            } else {
-                16
-            };
+            let qs = quants_at(ty);
             for s in 0..8 {
-                for i in 0..16 {
-                    dst[qs + 16 * s + i] = (w(2 * s, i) & 0x0F) | (w(2 * s + 1, i) & 0x0F) << 4;
+                for i in 0..LANES {
+                    dst[qs + LANES * s + i] = (w(2 * s, i) & 0x0F) | (w(2 * s + 1, i) & 0x0F) << 4;
                 }
             }
             if matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1) {
                 for p in 0..16 {
-                    let mask = (0..16).fold(0u16, |m, i| m | u16::from(w(p, i) >> 4) << i);
-                    dst[qs + 128 + 2 * p..][..2].copy_from_slice(&mask.to_le_bytes());
+                    let mask = (0..LANES).fold(0u32, |m, i| m | u32::from(w(p, i) >> 4) << i);
+                    dst[qs + 256 + 4 * p..][..4].copy_from_slice(&mask.to_le_bytes());
                 }
             }
         }
+    }
+}
+
+/// Where a group block's quants start: after the scales, and the minimums
+/// of the types that have them.
+fn quants_at(ty: GgmlType) -> usize {
+    if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+        64
+    } else {
+        32
     }
 }
 
@@ -234,7 +245,8 @@ fn group_task(
 }
 
 /// `out[c][r] = act[r0 + c] · dequant(row r of group gw)` for `m ≤ 8`
-/// activation rows.
+/// activation rows: 512-bit vectors where AVX-512 VNNI exists, else the
+/// group's two halves in 256-bit vectors.
 fn dot_group(
     ty: GgmlType,
     gw: &[u8],
@@ -248,11 +260,12 @@ fn dot_group(
         let nb = act.k / 32;
         assert!(supports(ty) && gw.len() == nb * group_bytes(ty) && (1..=ACT_ROWS).contains(&m));
         assert!(act.qs.len() >= (r0 + m) * act.k && act.d.len() >= (r0 + m) * act.stride);
-        // SAFETY: `supports` checked AVX2/FMA/F16C (and `has_vnni` the VNNI
-        // kernel's features); the extents asserted above are what they read.
+        // SAFETY: `supports` checked AVX2/FMA/F16C (and `has_vnni` the
+        // AVX-512 kernel's features); the extents asserted above are what
+        // they read.
         unsafe {
             if super::int_dot::has_vnni() {
-                x86::dot_group_vnni(ty, gw.as_ptr(), nb, act, r0, m, out)
+                x86::dot_group_avx512(ty, gw.as_ptr(), nb, act, r0, m, out)
             } else {
                 x86::dot_group_avx2(ty, gw.as_ptr(), nb, act, r0, m, out)
             }
@@ -270,7 +283,7 @@ mod tests {
     use ferrum_types::GgmlType;
     use rand::{rngs::StdRng, Rng, SeedableRng};
 
-    use super::{group_bytes, repack, ROWS};
+    use super::{group_bytes, quants_at, repack, ROWS};
     use crate::quant::dequantize;
 
     const TYPES: [GgmlType; 5] = [
@@ -291,21 +304,21 @@ mod tests {
         let d = f16(2 * r);
         let (p, lane) = (i / 2, 2 * r + i % 2);
         if ty == GgmlType::Q8_0 {
-            return d * f32::from(blk[16 + 16 * p + lane] as i8);
+            return d * f32::from(blk[32 + 32 * p + lane] as i8);
         }
-        let has_min = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1);
-        let qs = if has_min { 32 } else { 16 };
-        let byte = blk[qs + 16 * (p / 2) + lane];
+        let qs = quants_at(ty);
+        let byte = blk[qs + 32 * (p / 2) + lane];
         let mut q = if p % 2 == 0 { byte & 0x0F } else { byte >> 4 };
         if matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1) {
-            let mask = u16::from_le_bytes([blk[qs + 128 + 2 * p], blk[qs + 129 + 2 * p]]);
+            let m = &blk[qs + 256 + 4 * p..];
+            let mask = u32::from_le_bytes([m[0], m[1], m[2], m[3]]);
             q |= (((mask >> lane) & 1) as u8) << 4;
         }
         let q = f32::from(q);
         match ty {
             GgmlType::Q4_0 => d * (q - 8.0),
             GgmlType::Q5_0 => d * (q - 16.0),
-            _ => d * q + f16(16 + 2 * r),
+            _ => d * q + f16(32 + 2 * r),
         }
     }
 
@@ -316,7 +329,7 @@ mod tests {
     fn interleaving_keeps_every_value() {
         let mut rng = StdRng::seed_from_u64(21);
         for ty in TYPES {
-            let (n, k) = (11, 96);
+            let (n, k) = (21, 96);
             let nb = k / 32;
             let mut bytes: Vec<u8> = (0..n * nb * ty.block_bytes())
                 .map(|_| rng.random())
@@ -348,7 +361,7 @@ mod tests {
         }
     }
 
-    /// The VNNI and the plain AVX2 kernels give the same bits for every
+    /// The AVX-512 and the plain AVX2 kernels give the same bits for every
     /// type and row count (their integer sums cannot differ, and the float
     /// steps are the same instructions).
     #[cfg(target_arch = "x86_64")]
@@ -361,7 +374,7 @@ mod tests {
         }
         let mut rng = StdRng::seed_from_u64(22);
         for (seed, ty) in TYPES.into_iter().enumerate() {
-            let (n, k) = (8, 256);
+            let (n, k) = (ROWS, 256);
             let nb = k / 32;
             let bytes = crate::quant::random_blocks(ty, n * nb, seed as u64).unwrap_or_default();
             let words = repack(&bytes, ty, n, k).unwrap_or_else(|e| panic!("{e}"));
@@ -375,7 +388,7 @@ mod tests {
                 // holds one group of `nb` blocks and `act` eight rows.
                 unsafe {
                     x86::dot_group_avx2(ty, w.as_ptr(), nb, &act, 0, m, &mut x);
-                    x86::dot_group_vnni(ty, w.as_ptr(), nb, &act, 0, m, &mut y);
+                    x86::dot_group_avx512(ty, w.as_ptr(), nb, &act, 0, m, &mut y);
                 }
                 assert_eq!(x[..m], y[..m], "{ty} m{m}");
             }

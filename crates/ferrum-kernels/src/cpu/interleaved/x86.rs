@@ -1,7 +1,8 @@
-//! The interleaved kernels for x86-64: AVX-512 VNNI and AVX2 + FMA.
+//! The interleaved kernels for x86-64: AVX-512 VNNI on 512-bit vectors (a
+//! group's sixteen rows at once) and AVX2 + FMA (its two halves in turn).
 //!
 //! `VPDPWSSD` is written in inline assembly with its activation pair
-//! broadcast straight from memory (`{1to8}`): from the intrinsic, LLVM's
+//! broadcast straight from memory (`{1to16}`): from the intrinsic, LLVM's
 //! generic tuning splits it back into `VPMADDWD` + `VPADDD` (two
 //! instructions where one does), and a separate broadcast would add a
 //! third.
@@ -30,30 +31,68 @@ enum Offset {
 trait Format {
     const GROUP: usize;
     const OFFSET: Offset;
-    /// `W_{8h}..W_{8h+8}`: values `16h..16h + 16` of the eight rows as
-    /// pairs of i16 (`AVX512`: AVX-512BW masks may be used).
-    unsafe fn half<const AVX512: bool>(g: *const u8, h: usize) -> [__m256i; 8];
+    /// `W_{8h}..W_{8h+8}` of all sixteen rows as pairs of i16.
+    unsafe fn half512(g: *const u8, h: usize) -> [__m512i; 8];
+    /// The same for rows `8u..8u + 8` alone.
+    unsafe fn half256(g: *const u8, h: usize, u: usize) -> [__m256i; 8];
 }
 
-/// Four 4-bit slices from `qs + 64h`: each slice's low and high nibbles
+/// Bytes of one `W_p` (or of one nibble slice): two per row.
+const LANE_BYTES: usize = 2 * ROWS;
+
+/// Four nibble slices from `qs + 128h`: each slice's low and high nibbles
 /// widened to two vectors.
 #[inline(always)]
-unsafe fn nibble_half(qs: *const u8, h: usize) -> [__m256i; 8] {
+unsafe fn nibble_half512(qs: *const u8, h: usize) -> [__m512i; 8] {
+    let mask = _mm512_set1_epi16(0x0F);
+    let mut w = [_mm512_setzero_si512(); 8];
+    for s in 0..4 {
+        let x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(qs.add(LANE_BYTES * (4 * h + s)).cast()));
+        w[2 * s] = _mm512_and_si512(x, mask);
+        w[2 * s + 1] = _mm512_srli_epi16(x, 4);
+    }
+    w
+}
+
+/// [`nibble_half512`] for rows `8u..8u + 8`.
+#[inline(always)]
+unsafe fn nibble_half256(qs: *const u8, h: usize, u: usize) -> [__m256i; 8] {
     let mask = _mm256_set1_epi16(0x0F);
     let mut w = [_mm256_setzero_si256(); 8];
     for s in 0..4 {
-        let x = _mm256_cvtepu8_epi16(_mm_loadu_si128(qs.add(16 * (4 * h + s)).cast()));
+        let x = _mm256_cvtepu8_epi16(_mm_loadu_si128(
+            qs.add(LANE_BYTES * (4 * h + s) + 16 * u).cast(),
+        ));
         w[2 * s] = _mm256_and_si256(x, mask);
         w[2 * s + 1] = _mm256_srli_epi16(x, 4);
     }
     w
 }
 
-/// Adds 16 to the lanes of `w` (`W_{8h}..`) whose bit is set in the masks
-/// at `qh`: one masked add each with AVX-512BW; otherwise each mask is
-/// broadcast, tested against the lanes' bits and turned into 16 or 0.
+/// The fifth-bit mask of `W_{8h + j}`.
 #[inline(always)]
-unsafe fn add_fifth<const AVX512: bool>(w: &mut [__m256i; 8], qh: *const u8, h: usize) {
+unsafe fn fifth_mask(qh: *const u8, h: usize, j: usize) -> u32 {
+    qh.add(4 * (8 * h + j))
+        .cast::<u32>()
+        .read_unaligned()
+        .to_le()
+}
+
+/// Adds 16 to the lanes of `w` whose bit is set in the masks at `qh`: one
+/// masked add each.
+#[inline(always)]
+unsafe fn add_fifth512(w: &mut [__m512i; 8], qh: *const u8, h: usize) {
+    let sixteen = _mm512_set1_epi16(16);
+    for (j, w) in w.iter_mut().enumerate() {
+        *w = _mm512_mask_add_epi16(*w, fifth_mask(qh, h, j), *w, sixteen);
+    }
+}
+
+/// [`add_fifth512`] for rows `8u..8u + 8` without mask registers: each
+/// mask is broadcast, tested against the lanes' bits and turned into 16
+/// or 0.
+#[inline(always)]
+unsafe fn add_fifth256(w: &mut [__m256i; 8], qh: *const u8, h: usize, u: usize) {
     let sixteen = _mm256_set1_epi16(16);
     let bit = _mm256_setr_epi16(
         1,
@@ -74,18 +113,9 @@ unsafe fn add_fifth<const AVX512: bool>(w: &mut [__m256i; 8], qh: *const u8, h: 
         i16::MIN,
     );
     for (j, w) in w.iter_mut().enumerate() {
-        let mask = qh
-            .add(2 * (8 * h + j))
-            .cast::<u16>()
-            .read_unaligned()
-            .to_le();
-        if AVX512 {
-            *w = _mm256_mask_add_epi16(*w, mask, *w, sixteen);
-        } else {
-            let hit =
-                _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16(mask as i16), bit), bit);
-            *w = _mm256_add_epi16(*w, _mm256_and_si256(hit, sixteen));
-        }
+        let mask = (fifth_mask(qh, h, j) >> (16 * u)) as i16;
+        let hit = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16(mask), bit), bit);
+        *w = _mm256_add_epi16(*w, _mm256_and_si256(hit, sixteen));
     }
 }
 
@@ -95,20 +125,30 @@ unsafe fn add_fifth<const AVX512: bool>(w: &mut [__m256i; 8], qh: *const u8, h: 
 struct Nibbles<const MIN: bool, const FIFTH: bool>;
 impl<const MIN: bool, const FIFTH: bool> Nibbles<MIN, FIFTH> {
     /// Where the nibbles start.
-    const QS: usize = if MIN { 32 } else { 16 };
+    const QS: usize = if MIN { 2 * LANE_BYTES } else { LANE_BYTES };
+    /// Where the fifth-bit masks start.
+    const QH: usize = Self::QS + 8 * LANE_BYTES;
 }
 impl<const MIN: bool, const FIFTH: bool> Format for Nibbles<MIN, FIFTH> {
-    const GROUP: usize = Self::QS + 128 + if FIFTH { 32 } else { 0 };
+    const GROUP: usize = Self::QH + if FIFTH { 2 * LANE_BYTES } else { 0 };
     const OFFSET: Offset = match (MIN, FIFTH) {
         (true, _) => Offset::Min,
         (false, false) => Offset::Scaled(-8.0),
         (false, true) => Offset::Scaled(-16.0),
     };
     #[inline(always)]
-    unsafe fn half<const AVX512: bool>(g: *const u8, h: usize) -> [__m256i; 8] {
-        let mut w = nibble_half(g.add(Self::QS), h);
+    unsafe fn half512(g: *const u8, h: usize) -> [__m512i; 8] {
+        let mut w = nibble_half512(g.add(Self::QS), h);
         if FIFTH {
-            add_fifth::<AVX512>(&mut w, g.add(Self::QS + 128), h);
+            add_fifth512(&mut w, g.add(Self::QH), h);
+        }
+        w
+    }
+    #[inline(always)]
+    unsafe fn half256(g: *const u8, h: usize, u: usize) -> [__m256i; 8] {
+        let mut w = nibble_half256(g.add(Self::QS), h, u);
+        if FIFTH {
+            add_fifth256(&mut w, g.add(Self::QH), h, u);
         }
         w
     }
@@ -121,23 +161,28 @@ type Q51 = Nibbles<true, true>;
 
 struct Q80;
 impl Format for Q80 {
-    const GROUP: usize = 8 * 34;
+    const GROUP: usize = LANE_BYTES + 16 * LANE_BYTES;
     const OFFSET: Offset = Offset::No;
     #[inline(always)]
-    unsafe fn half<const AVX512: bool>(g: *const u8, h: usize) -> [__m256i; 8] {
+    unsafe fn half512(g: *const u8, h: usize) -> [__m512i; 8] {
         std::array::from_fn(|j| {
-            _mm256_cvtepi8_epi16(_mm_loadu_si128(g.add(16 + 16 * (8 * h + j)).cast()))
+            let p = g.add(LANE_BYTES * (1 + 8 * h + j));
+            _mm512_cvtepi8_epi16(_mm256_loadu_si256(p.cast()))
+        })
+    }
+    #[inline(always)]
+    unsafe fn half256(g: *const u8, h: usize, u: usize) -> [__m256i; 8] {
+        std::array::from_fn(|j| {
+            let p = g.add(LANE_BYTES * (1 + 8 * h + j) + 16 * u);
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(p.cast()))
         })
     }
 }
 
 /// `dot` plus, per row lane, `Σ_j w[j] · (a[2j], a[2j + 1])`: eight pairs of
-/// activation values against the eight rows' pairs.
+/// activation values against the eight rows' pairs, without VNNI.
 #[inline(always)]
-unsafe fn dot8<const VNNI: bool>(dot: __m256i, w: &[__m256i; 8], a: *const i16) -> __m256i {
-    if VNNI {
-        return dot8_vnni(dot, w, a);
-    }
+unsafe fn dot8_256(dot: __m256i, w: &[__m256i; 8], a: *const i16) -> __m256i {
     let mut dot = dot;
     for (j, &w) in w.iter().enumerate() {
         let pair = _mm256_set1_epi32(a.add(2 * j).cast::<i32>().read_unaligned());
@@ -146,22 +191,22 @@ unsafe fn dot8<const VNNI: bool>(dot: __m256i, w: &[__m256i; 8], a: *const i16) 
     dot
 }
 
-/// [`dot8`] with VNNI: eight `VPDPWSSD`s. Only reached from the VNNI entry
-/// point, whose target features let it inline this.
-#[target_feature(enable = "avx512f,avx512vl,avx512vnni")]
+/// The same for sixteen rows: eight `VPDPWSSD`s. Only reached from the
+/// AVX-512 entry point, whose target features let it inline this.
+#[target_feature(enable = "avx512f,avx512vnni")]
 #[inline]
-unsafe fn dot8_vnni(dot: __m256i, w: &[__m256i; 8], a: *const i16) -> __m256i {
+unsafe fn dot8_512(dot: __m512i, w: &[__m512i; 8], a: *const i16) -> __m512i {
     let mut dot = dot;
     // SAFETY (caller): `a` points at 16 readable i16.
     asm!(
-        "vpdpwssd {d:y}, {w0:y}, dword ptr [{a}]{{1to8}}",
-        "vpdpwssd {d:y}, {w1:y}, dword ptr [{a} + 4]{{1to8}}",
-        "vpdpwssd {d:y}, {w2:y}, dword ptr [{a} + 8]{{1to8}}",
-        "vpdpwssd {d:y}, {w3:y}, dword ptr [{a} + 12]{{1to8}}",
-        "vpdpwssd {d:y}, {w4:y}, dword ptr [{a} + 16]{{1to8}}",
-        "vpdpwssd {d:y}, {w5:y}, dword ptr [{a} + 20]{{1to8}}",
-        "vpdpwssd {d:y}, {w6:y}, dword ptr [{a} + 24]{{1to8}}",
-        "vpdpwssd {d:y}, {w7:y}, dword ptr [{a} + 28]{{1to8}}",
+        "vpdpwssd {d}, {w0}, dword ptr [{a}]{{1to16}}",
+        "vpdpwssd {d}, {w1}, dword ptr [{a} + 4]{{1to16}}",
+        "vpdpwssd {d}, {w2}, dword ptr [{a} + 8]{{1to16}}",
+        "vpdpwssd {d}, {w3}, dword ptr [{a} + 12]{{1to16}}",
+        "vpdpwssd {d}, {w4}, dword ptr [{a} + 16]{{1to16}}",
+        "vpdpwssd {d}, {w5}, dword ptr [{a} + 20]{{1to16}}",
+        "vpdpwssd {d}, {w6}, dword ptr [{a} + 24]{{1to16}}",
+        "vpdpwssd {d}, {w7}, dword ptr [{a} + 28]{{1to16}}",
         d = inout(zmm_reg) dot,
         w0 = in(zmm_reg) w[0],
         w1 = in(zmm_reg) w[1],
@@ -177,10 +222,10 @@ unsafe fn dot8_vnni(dot: __m256i, w: &[__m256i; 8], a: *const i16) -> __m256i {
     dot
 }
 
-/// One group of eight weight rows (`nb` group blocks at `g`) against the
+/// One group of sixteen weight rows (`nb` group blocks at `g`) against the
 /// `M` activation rows from `r0`: `out[c][r]`.
 #[inline(always)]
-unsafe fn group<F: Format, const VNNI: bool, const M: usize>(
+unsafe fn group512<F: Format, const M: usize>(
     g: *const u8,
     nb: usize,
     act: &ActRows,
@@ -188,21 +233,63 @@ unsafe fn group<F: Format, const VNNI: bool, const M: usize>(
     out: &mut [[f32; ROWS]; ACT_ROWS],
 ) {
     let (k, stride) = (act.k, act.stride);
+    let mut acc = [_mm512_setzero_ps(); M];
+    for b in 0..nb {
+        let p = g.add(b * F::GROUP);
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()));
+        let o = match F::OFFSET {
+            Offset::No => _mm512_setzero_ps(),
+            Offset::Min => _mm512_cvtph_ps(_mm256_loadu_si256(p.add(LANE_BYTES).cast())),
+            Offset::Scaled(c) => _mm512_mul_ps(d, _mm512_set1_ps(c)),
+        };
+        let mut dots = [_mm512_setzero_si512(); M];
+        for h in 0..2 {
+            let w = F::half512(p, h);
+            for (c, dot) in dots.iter_mut().enumerate() {
+                let a = act.qs.as_ptr().add((r0 + c) * k + 32 * b + 16 * h);
+                *dot = dot8_512(*dot, &w, a);
+            }
+        }
+        for (c, (acc, dot)) in acc.iter_mut().zip(dots).enumerate() {
+            let i = (r0 + c) * stride + b;
+            let s = _mm512_mul_ps(d, _mm512_set1_ps(*act.d.as_ptr().add(i)));
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, *acc);
+            if F::OFFSET != Offset::No {
+                *acc = _mm512_fmadd_ps(o, _mm512_set1_ps(*act.s.as_ptr().add(i)), *acc);
+            }
+        }
+    }
+    for (out, acc) in out.iter_mut().zip(acc) {
+        _mm512_storeu_ps(out.as_mut_ptr(), acc);
+    }
+}
+
+/// [`group512`] for rows `8u..8u + 8` of the group in 256-bit vectors.
+#[inline(always)]
+unsafe fn group256<F: Format, const M: usize>(
+    g: *const u8,
+    nb: usize,
+    act: &ActRows,
+    r0: usize,
+    u: usize,
+    out: &mut [[f32; ROWS]; ACT_ROWS],
+) {
+    let (k, stride) = (act.k, act.stride);
     let mut acc = [_mm256_setzero_ps(); M];
     for b in 0..nb {
         let p = g.add(b * F::GROUP);
-        let d = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * u).cast()));
         let o = match F::OFFSET {
             Offset::No => _mm256_setzero_ps(),
-            Offset::Min => _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast())),
+            Offset::Min => _mm256_cvtph_ps(_mm_loadu_si128(p.add(LANE_BYTES + 16 * u).cast())),
             Offset::Scaled(c) => _mm256_mul_ps(d, _mm256_set1_ps(c)),
         };
         let mut dots = [_mm256_setzero_si256(); M];
         for h in 0..2 {
-            let w = F::half::<VNNI>(p, h);
+            let w = F::half256(p, h, u);
             for (c, dot) in dots.iter_mut().enumerate() {
                 let a = act.qs.as_ptr().add((r0 + c) * k + 32 * b + 16 * h);
-                *dot = dot8::<VNNI>(*dot, &w, a);
+                *dot = dot8_256(*dot, &w, a);
             }
         }
         for (c, (acc, dot)) in acc.iter_mut().zip(dots).enumerate() {
@@ -215,28 +302,22 @@ unsafe fn group<F: Format, const VNNI: bool, const M: usize>(
         }
     }
     for (out, acc) in out.iter_mut().zip(acc) {
-        _mm256_storeu_ps(out.as_mut_ptr(), acc);
+        _mm256_storeu_ps(out.as_mut_ptr().add(8 * u), acc);
     }
 }
 
-#[inline(always)]
-unsafe fn by_type<const VNNI: bool>(
-    ty: GgmlType,
-    g: *const u8,
-    nb: usize,
-    act: &ActRows,
-    r0: usize,
-    m: usize,
-    out: &mut [[f32; ROWS]; ACT_ROWS],
-) {
-    match ty {
-        GgmlType::Q4_0 => by_m!(m, M => group::<Q40, VNNI, M>(g, nb, act, r0, out)),
-        GgmlType::Q4_1 => by_m!(m, M => group::<Q41, VNNI, M>(g, nb, act, r0, out)),
-        GgmlType::Q5_0 => by_m!(m, M => group::<Q50, VNNI, M>(g, nb, act, r0, out)),
-        GgmlType::Q5_1 => by_m!(m, M => group::<Q51, VNNI, M>(g, nb, act, r0, out)),
-        GgmlType::Q8_0 => by_m!(m, M => group::<Q80, VNNI, M>(g, nb, act, r0, out)),
-        _ => unreachable!("interleaved kernel called for {ty}"),
-    }
+/// Calls `$kernel::<Format, M>($args)` for the type `$ty` and row count.
+macro_rules! by_type {
+    ($ty:expr, $m:expr, $kernel:ident($($arg:expr),*)) => {
+        match $ty {
+            GgmlType::Q4_0 => by_m!($m, M => $kernel::<Q40, M>($($arg),*)),
+            GgmlType::Q4_1 => by_m!($m, M => $kernel::<Q41, M>($($arg),*)),
+            GgmlType::Q5_0 => by_m!($m, M => $kernel::<Q50, M>($($arg),*)),
+            GgmlType::Q5_1 => by_m!($m, M => $kernel::<Q51, M>($($arg),*)),
+            GgmlType::Q8_0 => by_m!($m, M => $kernel::<Q80, M>($($arg),*)),
+            _ => unreachable!("interleaved kernel called for {}", $ty),
+        }
+    };
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -249,11 +330,13 @@ pub(super) unsafe fn dot_group_avx2(
     m: usize,
     out: &mut [[f32; ROWS]; ACT_ROWS],
 ) {
-    by_type::<false>(ty, g, nb, act, r0, m, out)
+    for u in 0..2 {
+        by_type!(ty, m, group256(g, nb, act, r0, u, out))
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn dot_group_vnni(
+pub(super) unsafe fn dot_group_avx512(
     ty: GgmlType,
     g: *const u8,
     nb: usize,
@@ -262,5 +345,5 @@ pub(super) unsafe fn dot_group_vnni(
     m: usize,
     out: &mut [[f32; ROWS]; ACT_ROWS],
 ) {
-    by_type::<true>(ty, g, nb, act, r0, m, out)
+    by_type!(ty, m, group512(g, nb, act, r0, out))
 }
