@@ -96,6 +96,7 @@ pub(super) mod x86 {
     use ferrum_types::GgmlType;
 
     use super::{ActRows, SUM_GROUP};
+    use crate::cpu::simd::prefetch_ahead;
     use crate::quant::scale_min_k4;
 
     /// The little-endian f16 at `p`, converted by F16C.
@@ -293,6 +294,7 @@ pub(super) mod x86 {
             for bi in 0..k / 256 {
                 let p = w.map(|w| w.add(bi * F::BYTES));
                 for (p, h) in p.iter().zip(h.iter_mut()) {
+                    prefetch_ahead(*p, F::BYTES);
                     F::header(*p, h);
                 }
                 let mut iacc = [[_mm256_setzero_si256(); M]; R];

@@ -19,6 +19,24 @@ pub(crate) fn has_avx2() -> bool {
     }
 }
 
+/// Asks for the `len` bytes that start 2 KB after `p` to be brought into
+/// the cache. The quantized kernels walk each task's weights front to back,
+/// but the hardware prefetchers of the VMs measured did not keep up with
+/// that stream: SmolLM2's tg128 went from 160 to 217 tok/s with this
+/// (distances of 1 to 8 KB were within the noise of each other). A hint
+/// past the end of the weights is harmless: prefetches never fault.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_ahead(p: *const u8, len: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    const AHEAD: usize = 2048;
+    for line in (0..len).step_by(64) {
+        // SAFETY: SSE is part of x86-64; a prefetch reads nothing and
+        // cannot fault, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD + line).cast()) };
+    }
+}
+
 macro_rules! dispatch {
     ($name:ident($($arg:expr),*)) => {{
         #[cfg(target_arch = "x86_64")]

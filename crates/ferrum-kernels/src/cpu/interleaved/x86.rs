@@ -14,6 +14,7 @@ use ferrum_types::GgmlType;
 
 use super::{ACT_ROWS, ROWS};
 use crate::cpu::act_quant::ActRows;
+use crate::cpu::simd::prefetch_ahead;
 
 /// How a format's constant term is formed (`x = d·q + o`).
 #[derive(PartialEq)]
@@ -236,6 +237,7 @@ unsafe fn group512<F: Format, const M: usize>(
     let mut acc = [_mm512_setzero_ps(); M];
     for b in 0..nb {
         let p = g.add(b * F::GROUP);
+        prefetch_ahead(p, F::GROUP);
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()));
         let o = match F::OFFSET {
             Offset::No => _mm512_setzero_ps(),
@@ -278,6 +280,7 @@ unsafe fn group256<F: Format, const M: usize>(
     let mut acc = [_mm256_setzero_ps(); M];
     for b in 0..nb {
         let p = g.add(b * F::GROUP);
+        prefetch_ahead(p, F::GROUP);
         let d = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * u).cast()));
         let o = match F::OFFSET {
             Offset::No => _mm256_setzero_ps(),
