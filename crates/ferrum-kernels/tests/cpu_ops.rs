@@ -12,8 +12,8 @@
 #![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
 
 use ferrum_kernels::{
-    copy_append, gather_attention, AttnConfig, Backend, CpuBackend, KvCache, PagedKv, QuantKind,
-    QuantWeights, ReduceOp,
+    copy_append, gather_attention, AttnConfig, AttnSegment, Backend, CpuBackend, KvCache, PagedKv,
+    QuantKind, QuantWeights, ReduceOp,
 };
 use proptest::prelude::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -443,6 +443,80 @@ fn paged_attention_matches_contiguous_reference() {
             }
         }
     }
+}
+
+/// Several sequences in one `paged_attention_segments` call (their own
+/// scrambled blocks of one pool, mixed query lengths, one of them empty)
+/// give exactly what one `paged_attention` call per sequence gives, which
+/// the test above checks against the reference.
+#[test]
+fn segmented_paged_attention_equals_one_call_per_sequence() {
+    let mut rng = StdRng::seed_from_u64(77);
+    let (nkv, group, hd, bs): (usize, usize, usize, usize) = (3, 2, 32, 4);
+    let nh = nkv * group;
+    let cfg = AttnConfig {
+        num_heads: nh,
+        num_kv_heads: nkv,
+        head_dim: hd,
+        causal: true,
+        scale: 1.0 / (hd as f32).sqrt(),
+        kv_seq_stride: 0,
+        sliding_window: 0,
+    };
+    // (q_len, kv_len) per sequence.
+    let seqs: [(usize, usize); 5] = [(1, 9), (5, 20), (0, 3), (1, 1), (3, 3)];
+    let nblocks: usize = seqs.iter().map(|&(_, kv)| kv.div_ceil(bs)).sum();
+    let mut ids: Vec<u32> = (0..nblocks as u32).collect();
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, rng.random_range(0..=i));
+    }
+    let mut tables = Vec::new();
+    for &(_, kv) in &seqs {
+        let rest = ids.split_off(kv.div_ceil(bs));
+        tables.push(std::mem::replace(&mut ids, rest));
+    }
+    let block_len = nkv * bs * hd;
+    let kp = buf(&rand_vec(&mut rng, nblocks * block_len));
+    let vp = buf(&rand_vec(&mut rng, nblocks * block_len));
+    let rows: usize = seqs.iter().map(|&(q, _)| q).sum();
+    let q = rand_vec(&mut rng, rows * nh * hd);
+    let mut segs = Vec::new();
+    let mut want = Vec::new();
+    let mut offset = 0;
+    for (&(q_len, kv_len), table) in seqs.iter().zip(&tables) {
+        let pages = PagedKv {
+            block_table: table,
+            block_size: bs,
+        };
+        let n = nh * q_len * hd;
+        let mut out = B::from_slice(&vec![f32::NAN; n]);
+        let qs = buf(&q[offset..offset + n]);
+        let pos = kv_len - q_len;
+        B::paged_attention(
+            &mut (),
+            &qs,
+            &kp,
+            &vp,
+            &pages,
+            &mut out,
+            q_len,
+            kv_len,
+            pos,
+            &cfg,
+        );
+        want.extend_from_slice(&B::to_vec(&out, n));
+        segs.push(AttnSegment {
+            pages,
+            offset,
+            q_len,
+            kv_len,
+            pos_offset: pos,
+        });
+        offset += n;
+    }
+    let mut out = B::from_slice(&vec![f32::NAN; offset]);
+    B::paged_attention_segments(&mut (), &buf(&q), &kp, &vp, &segs, &mut out, &cfg);
+    assert_eq!(B::to_vec(&out, offset), want);
 }
 
 // ── Norms ───────────────────────────────────────────────────────────────────

@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::{simd, SyncPtr};
-use crate::{AttnConfig, PagedKv};
+use crate::{AttnConfig, AttnSegment, PagedKv};
 
 /// Keys per tile: a 64 × 128-float K tile is 32 KiB, about L1-sized.
 const KV_TILE: usize = 64;
@@ -131,22 +131,110 @@ pub(crate) fn paged_attention(
     pos_offset: usize,
     cfg: &AttnConfig,
 ) {
+    let seg = AttnSegment {
+        pages: *pages,
+        offset: 0,
+        q_len,
+        kv_len,
+        pos_offset,
+    };
+    paged_attention_segments(q, k_pool, v_pool, &[seg], out, cfg);
+}
+
+/// [`paged_attention`] for several sequences: the tasks of all of them
+/// (KV head × query block) go to the pool in one parallel step.
+pub(crate) fn paged_attention_segments(
+    q: &[f32],
+    k_pool: &[f32],
+    v_pool: &[f32],
+    segs: &[AttnSegment],
+    out: &mut [f32],
+    cfg: &AttnConfig,
+) {
     let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
     check_heads(nh, nkv);
-    // Bounds-check every block the tasks will read.
-    let used = &pages.block_table[..kv_len.div_ceil(pages.block_size)];
-    if let Some(&max) = used.iter().max() {
-        let end = (max as usize + 1) * pages.block_len(nkv, hd);
-        let _ = (&k_pool[..end], &v_pool[..end]);
+    // Bounds-check every query, output and block the tasks will touch, and
+    // that the segments' outputs are disjoint.
+    let mut end = 0;
+    for s in segs {
+        assert!(
+            s.offset >= end,
+            "paged attention: segments overlap or are out of order"
+        );
+        end = s.offset + nh * s.q_len * hd;
+        let _ = (&q[s.offset..end], &out[s.offset..end]);
+        let used = &s.pages.block_table[..s.kv_len.div_ceil(s.pages.block_size)];
+        if let Some(&max) = used.iter().max() {
+            let last = (max as usize + 1) * s.pages.block_len(nkv, hd);
+            let _ = (&k_pool[..last], &v_pool[..last]);
+        }
     }
-    let rows = Paged {
-        pages: *pages,
-        nkv,
-        hd,
+    let threads = rayon::current_num_threads();
+    let heads_total = segs.len() * nkv;
+    // Shrink a segment's query block until there are a few tasks per thread.
+    let q_block = |s: &AttnSegment| {
+        let mut qb = MAX_Q_BLOCK.min(s.q_len).max(1);
+        while qb > 1 && heads_total * s.q_len.div_ceil(qb) < 4 * threads {
+            qb /= 2;
+        }
+        qb
     };
-    run(
-        q, k_pool, v_pool, out, 1, q_len, kv_len, pos_offset, cfg, &rows,
-    );
+    let tasks_of = |s: &AttnSegment| nkv * s.q_len.div_ceil(q_block(s));
+    let tasks: usize = segs.iter().map(tasks_of).sum();
+    let out_ptr = SyncPtr(out.as_mut_ptr());
+    let task = |t: usize| {
+        let mut t = t;
+        for s in segs {
+            let n = tasks_of(s);
+            if t >= n {
+                t -= n;
+                continue;
+            }
+            let (qb, blocks) = (q_block(s), s.q_len.div_ceil(q_block(s)));
+            let (kvh, q0) = (t / blocks, (t % blocks) * qb);
+            let d = Dims {
+                nh,
+                hd,
+                q_len: s.q_len,
+                kv_len: s.kv_len,
+                group: nh / nkv,
+                pos_offset: s.pos_offset,
+            };
+            let rows = Paged {
+                pages: s.pages,
+                nkv,
+                hd,
+            };
+            // The segment's rows of `out` start at its offset (checked above).
+            let seg_out = SyncPtr(out_ptr.get().wrapping_add(s.offset));
+            let at = Task {
+                b: 0,
+                kvh,
+                q0,
+                nq: qb.min(s.q_len - q0),
+            };
+            SCRATCH.with(|scratch| {
+                let q = &q[s.offset..];
+                attend_block(
+                    &d,
+                    cfg,
+                    q,
+                    k_pool,
+                    v_pool,
+                    &rows,
+                    seg_out,
+                    at,
+                    &mut scratch.borrow_mut(),
+                );
+            });
+            return;
+        }
+    };
+    if tasks == 1 || threads == 1 {
+        (0..tasks).for_each(task);
+    } else {
+        (0..tasks).into_par_iter().for_each(task);
+    }
 }
 
 fn check_heads(nh: usize, nkv: usize) {

@@ -40,7 +40,9 @@ use rayon::prelude::*;
 
 pub use gptq::CpuGptqWeight;
 
-use crate::{packed_bytes, AttnConfig, Backend, GgufQuantType, PagedKv, QuantKind, QuantWeights};
+use crate::{
+    packed_bytes, AttnConfig, AttnSegment, Backend, GgufQuantType, PagedKv, QuantKind, QuantWeights,
+};
 
 /// Element-wise work below this many values stays on the calling thread:
 /// waking the pool costs more than it saves (decode-sized rows).
@@ -315,6 +317,20 @@ impl Backend for CpuBackend {
         attention::paged_attention(
             q, k_pool, v_pool, pages, out, q_len, kv_len, pos_offset, cfg,
         );
+    }
+
+    const SEGMENTED_ATTENTION: bool = true;
+
+    fn paged_attention_segments(
+        _ctx: &mut Self::Context,
+        q: &Self::Buffer,
+        k_pool: &Self::Buffer,
+        v_pool: &Self::Buffer,
+        segs: &[AttnSegment],
+        out: &mut Self::Buffer,
+        cfg: &AttnConfig,
+    ) {
+        attention::paged_attention_segments(q, k_pool, v_pool, segs, out, cfg);
     }
 
     fn paged_kv_append(

@@ -16,7 +16,7 @@ use std::path::Path;
 use ferrum_formats::gguf::GgufFile;
 use ferrum_formats::hf_config::HfConfig;
 use ferrum_formats::safetensors::SafeTensors;
-use ferrum_kernels::{AttnConfig, Backend};
+use ferrum_kernels::{AttnConfig, AttnSegment, Backend};
 use ferrum_kv::KvUsage;
 use ferrum_types::{DecodeBackend, FerrumError, Result, TensorRef};
 
@@ -31,6 +31,21 @@ use crate::llm::{kv_capacity_from_env, DecoderOnlyLLM, KvPoolConfig, LlmRuntimeC
 /// the model's context length): enough for long chats without reserving a
 /// 32K-token cache per sequence up front.
 pub const DEFAULT_KV_CAPACITY: usize = 4096;
+
+/// Sequences per [`Backend::paged_attention_segments`] call.
+const ATTN_CHUNK: usize = 16;
+
+/// A placeholder for the unused places of a chunk of segments.
+const NO_SEGMENT: AttnSegment<'static> = AttnSegment {
+    pages: ferrum_kernels::PagedKv {
+        block_table: &[],
+        block_size: 1,
+    },
+    offset: 0,
+    q_len: 0,
+    kv_len: 0,
+    pos_offset: 0,
+};
 
 /// Reusable activation buffers, grown to the largest batch seen, so that a
 /// step allocates nothing once they have grown.
@@ -57,6 +72,10 @@ struct Scratch<B: Backend> {
     seg_vh: B::Buffer,
     seg_attn: B::Buffer,
     seg_tok: B::Buffer,
+    /// Every segment's head-major queries and attention output, back to
+    /// back, for backends with [`Backend::SEGMENTED_ATTENTION`].
+    heads_q: B::Buffer,
+    heads_out: B::Buffer,
     /// The batch's token ids, looked-up embedding rows on the host, and the
     /// rows whose logits are wanted.
     ids: Vec<u32>,
@@ -92,6 +111,8 @@ impl<B: Backend> Scratch<B> {
             seg_vh: e(),
             seg_attn: e(),
             seg_tok: e(),
+            heads_q: e(),
+            heads_out: e(),
             ids: Vec::new(),
             host: Vec::new(),
             picks: Vec::new(),
@@ -118,6 +139,10 @@ impl<B: Backend> Scratch<B> {
             self.o = B::alloc(rows * h);
             self.gate_up = B::alloc(rows * 2 * im);
             self.act = B::alloc(rows * im);
+            if B::SEGMENTED_ATTENTION {
+                self.heads_q = B::alloc(rows * qd);
+                self.heads_out = B::alloc(rows * qd);
+            }
             self.rows = rows;
         }
         if seg_rows > self.seg_rows {
@@ -414,6 +439,12 @@ impl<B: Backend> LlamaModel<B> {
                 kv_seq_stride: 0,
                 sliding_window: if sliding { c.sliding_window } else { 0 },
             };
+            // Several sequences' attention goes to the backend in one call
+            // where it has a kernel for that (chunks of ATTN_CHUNK on the
+            // stack: no allocation).
+            let batched = B::SEGMENTED_ATTENTION && segs.len() > 1;
+            let mut chunk = [NO_SEGMENT; ATTN_CHUNK];
+            let mut filled = 0;
             let mut r0 = 0;
             for seg in segs {
                 let n = seg.tokens.len();
@@ -481,6 +512,32 @@ impl<B: Backend> LlamaModel<B> {
                     0,
                 );
                 B::paged_kv_append(ctx, kp, vp, &pages, p, &s.seg_kh, &s.seg_vh, n, nkv, hd);
+                if batched {
+                    B::copy_slice(ctx, &s.seg_qh, 0, &mut s.heads_q, r0 * qd, n * qd);
+                    chunk[filled] = AttnSegment {
+                        pages,
+                        offset: r0 * qd,
+                        q_len: n,
+                        kv_len: p + n,
+                        pos_offset: p,
+                    };
+                    filled += 1;
+                    if filled == ATTN_CHUNK {
+                        let (kp, vp) = (&self.kv.k[l], &self.kv.v[l]);
+                        B::paged_attention_segments(
+                            ctx,
+                            &s.heads_q,
+                            kp,
+                            vp,
+                            &chunk,
+                            &mut s.heads_out,
+                            &attn_cfg,
+                        );
+                        filled = 0;
+                    }
+                    r0 += n;
+                    continue;
+                }
                 B::paged_attention(
                     ctx,
                     &s.seg_qh,
@@ -500,6 +557,32 @@ impl<B: Backend> LlamaModel<B> {
                     B::copy_slice(ctx, &s.seg_tok, 0, &mut s.attn, r0 * qd, n * qd);
                 }
                 r0 += n;
+            }
+            if batched {
+                let (kp, vp) = (&self.kv.k[l], &self.kv.v[l]);
+                B::paged_attention_segments(
+                    ctx,
+                    &s.heads_q,
+                    kp,
+                    vp,
+                    &chunk[..filled],
+                    &mut s.heads_out,
+                    &attn_cfg,
+                );
+                // Head-major back to token-major rows; one query's heads
+                // already are its row.
+                let mut r0 = 0;
+                for seg in segs {
+                    let n = seg.tokens.len();
+                    if n == 1 {
+                        B::copy_slice(ctx, &s.heads_out, r0 * qd, &mut s.attn, r0 * qd, qd);
+                    } else {
+                        B::copy_slice(ctx, &s.heads_out, r0 * qd, &mut s.seg_attn, 0, n * qd);
+                        B::transpose_head_to_token(ctx, &s.seg_attn, &mut s.seg_tok, n, nh, hd);
+                        B::copy_slice(ctx, &s.seg_tok, 0, &mut s.attn, r0 * qd, n * qd);
+                    }
+                    r0 += n;
+                }
             }
             lw.o.forward(ctx, &s.attn, &mut s.o, rows, h, qd)?;
             // Residual + pre-MLP norm.
