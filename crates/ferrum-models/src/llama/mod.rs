@@ -230,6 +230,9 @@ pub struct LlamaModel<B: Backend> {
     kv: KvStore<B>,
     kv_capacity: usize,
     scratch: Scratch<B>,
+    /// The wanted logits of the last [`LlamaModel::forward`], kept so that
+    /// the next one neither allocates nor zero-fills them again.
+    logits: Vec<f32>,
     /// Passed where an op ignores its norm weight.
     empty: B::Buffer,
 }
@@ -310,6 +313,7 @@ impl<B: Backend> LlamaModel<B> {
             kv,
             kv_capacity,
             scratch: Scratch::new(),
+            logits: Vec::new(),
             empty: B::alloc(0),
         }
     }
@@ -321,8 +325,11 @@ impl<B: Backend> LlamaModel<B> {
     /// Runs one forward pass over `segs` and returns, per segment, the
     /// logits it asked for (`vocab` floats per row, row-major).
     pub fn forward(&mut self, segs: &[Segment]) -> Result<Vec<Option<Vec<f32>>>> {
-        let mut all = Vec::new();
-        self.forward_into(segs, &mut all)?;
+        let mut all = std::mem::take(&mut self.logits);
+        let done = self.forward_into(segs, &mut all);
+        self.logits = all;
+        done?;
+        let all = &self.logits;
         let vocab = self.cfg.vocab;
         let mut taken = 0;
         Ok(segs
@@ -336,7 +343,7 @@ impl<B: Backend> LlamaModel<B> {
     }
 
     /// [`LlamaModel::forward`] writing the wanted logits back to back into
-    /// `logits` (cleared first), in segment order. Once the scratch buffers
+    /// `logits` (resized to exactly them), in segment order. Once the scratch buffers
     /// have grown to the batch, a step allocates nothing (tested), so
     /// serving loops that keep `logits` decode without touching the heap.
     ///
@@ -646,8 +653,8 @@ impl<B: Backend> LlamaModel<B> {
             r0 += n;
         }
         let rows = s.picks.len();
-        logits.clear();
         if rows == 0 {
+            logits.clear();
             return Ok(());
         }
         s.ensure_head(&self.cfg, rows);
@@ -665,6 +672,8 @@ impl<B: Backend> LlamaModel<B> {
             }
         }
         B::sync(ctx);
+        // Every element is overwritten: resizing a buffer already of this
+        // size (each decode step of a steady batch) writes nothing.
         logits.resize(rows * vocab, 0.0);
         B::read_into(&s.head_out, logits);
         if let Some(cap) = self.cfg.final_softcap {
