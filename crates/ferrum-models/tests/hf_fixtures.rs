@@ -175,6 +175,45 @@ fn batched_paths_agree_with_single_sequences() {
     assert!(close(&again, &a));
 }
 
+/// A decode batch larger than one attention call's chunk of sequences
+/// (16) gives each sequence what decoding it alone gives (to the f32
+/// GEMM's rounding, which depends on the batch's row count).
+#[test]
+fn a_large_decode_batch_equals_its_sequences_alone() {
+    let Some((dir, r)) = fixture("qwen2") else {
+        return;
+    };
+    let prompt = ids(&r["input_ids"]);
+    let mut m = LlamaModel::<CpuBackend>::from_hf_dir(&dir).unwrap();
+    let seqs: Vec<(String, usize, u32)> = (0..20)
+        .map(|i| (format!("s{i}"), 1 + i % prompt.len(), (3 * i + 1) as u32))
+        .collect();
+    let mut alone = Vec::new();
+    for (id, len, tok) in &seqs {
+        m.prefill(id, &prompt[..*len]);
+        alone.push(m.decode(id, *tok, *len as u32));
+    }
+    m.reset();
+    for (id, len, _) in &seqs {
+        m.prefill(id, &prompt[..*len]);
+    }
+    let batch: Vec<(String, u32, u32)> = seqs
+        .iter()
+        .map(|(id, len, tok)| (id.clone(), *tok, *len as u32))
+        .collect();
+    let together = m.decode_batch(&batch);
+    assert_eq!(together.len(), alone.len());
+    for (i, (x, y)) in together.iter().zip(&alone).enumerate() {
+        assert_eq!(x.len(), y.len());
+        let worst = x
+            .iter()
+            .zip(y)
+            .map(|(p, q)| (p - q).abs() / (1.0 + q.abs()))
+            .fold(0f32, f32::max);
+        assert!(worst <= 1e-4, "sequence {i}: relative difference {worst}");
+    }
+}
+
 #[test]
 fn bad_requests_are_errors_not_panics() {
     let Some((dir, _)) = fixture("llama") else {

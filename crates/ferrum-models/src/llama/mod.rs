@@ -453,7 +453,7 @@ impl<B: Backend> LlamaModel<B> {
             let mut chunk = [NO_SEGMENT; ATTN_CHUNK];
             let mut filled = 0;
             let mut r0 = 0;
-            for seg in segs {
+            for (i, seg) in segs.iter().enumerate() {
                 let n = seg.tokens.len();
                 let p = seg.pos;
                 let pages = ferrum_kernels::PagedKv {
@@ -529,14 +529,14 @@ impl<B: Backend> LlamaModel<B> {
                         pos_offset: p,
                     };
                     filled += 1;
-                    if filled == ATTN_CHUNK {
+                    if filled == ATTN_CHUNK || i + 1 == segs.len() {
                         let (kp, vp) = (&self.kv.k[l], &self.kv.v[l]);
                         B::paged_attention_segments(
                             ctx,
                             &s.heads_q,
                             kp,
                             vp,
-                            &chunk,
+                            &chunk[..filled],
                             &mut s.heads_out,
                             &attn_cfg,
                         );
@@ -566,16 +566,6 @@ impl<B: Backend> LlamaModel<B> {
                 r0 += n;
             }
             if batched {
-                let (kp, vp) = (&self.kv.k[l], &self.kv.v[l]);
-                B::paged_attention_segments(
-                    ctx,
-                    &s.heads_q,
-                    kp,
-                    vp,
-                    &chunk[..filled],
-                    &mut s.heads_out,
-                    &attn_cfg,
-                );
                 // Head-major back to token-major rows; one query's heads
                 // already are its row.
                 let mut r0 = 0;
