@@ -171,26 +171,21 @@ pub(crate) fn paged_attention_segments(
     }
     let threads = rayon::current_num_threads();
     let heads_total = segs.len() * nkv;
-    // Shrink a segment's query block until there are a few tasks per thread.
-    let q_block = |s: &AttnSegment| {
-        let mut qb = MAX_Q_BLOCK.min(s.q_len).max(1);
-        while qb > 1 && heads_total * s.q_len.div_ceil(qb) < 4 * threads {
-            qb /= 2;
-        }
-        qb
+    // A segment's query block and its number of blocks per KV head.
+    let blocks = |s: &AttnSegment| {
+        let qb = query_block(s.q_len, heads_total, threads);
+        (qb, s.q_len.div_ceil(qb))
     };
-    let tasks_of = |s: &AttnSegment| nkv * s.q_len.div_ceil(q_block(s));
-    let tasks: usize = segs.iter().map(tasks_of).sum();
+    let tasks: usize = segs.iter().map(|s| nkv * blocks(s).1).sum();
     let out_ptr = SyncPtr(out.as_mut_ptr());
     let task = |t: usize| {
         let mut t = t;
         for s in segs {
-            let n = tasks_of(s);
-            if t >= n {
-                t -= n;
+            let (qb, blocks) = blocks(s);
+            if t >= nkv * blocks {
+                t -= nkv * blocks;
                 continue;
             }
-            let (qb, blocks) = (q_block(s), s.q_len.div_ceil(q_block(s)));
             let (kvh, q0) = (t / blocks, (t % blocks) * qb);
             let d = Dims {
                 nh,
@@ -237,6 +232,16 @@ pub(crate) fn paged_attention_segments(
     }
 }
 
+/// Query positions per task for `q_len` queries over `heads_total` KV
+/// heads: [`MAX_Q_BLOCK`], halved until there are a few tasks per thread.
+fn query_block(q_len: usize, heads_total: usize, threads: usize) -> usize {
+    let mut qb = MAX_Q_BLOCK.min(q_len).max(1);
+    while qb > 1 && heads_total * q_len.div_ceil(qb) < 4 * threads {
+        qb /= 2;
+    }
+    qb
+}
+
 fn check_heads(nh: usize, nkv: usize) {
     assert!(
         nkv > 0 && nh.is_multiple_of(nkv),
@@ -274,11 +279,7 @@ fn run<R: KvRows>(
 
     let threads = rayon::current_num_threads();
     let heads_total = batch * nkv;
-    // Shrink the query block until there are a few tasks per thread.
-    let mut q_block = MAX_Q_BLOCK.min(q_len);
-    while q_block > 1 && heads_total * q_len.div_ceil(q_block) < 4 * threads {
-        q_block /= 2;
-    }
+    let q_block = query_block(q_len, heads_total, threads);
     let blocks_per_head = q_len.div_ceil(q_block);
     let tasks = heads_total * blocks_per_head;
     let out_ptr = SyncPtr(out.as_mut_ptr());

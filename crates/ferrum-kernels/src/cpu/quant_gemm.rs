@@ -61,9 +61,9 @@ pub(crate) fn gemm_gguf(
     n: usize,
     k: usize,
 ) -> Result<()> {
-    if interleaved.is_some_and(|layout| layout != ty) {
+    if let Some(layout) = interleaved.filter(|&layout| layout != ty) {
         return Err(FerrumError::invalid(format!(
-            "gemm_quant {ty}: the weight was loaded as {interleaved:?}"
+            "gemm_quant {ty}: the weight was loaded as {layout}"
         )));
     }
     let (bs, bb) = (ty.block_size(), ty.block_bytes());

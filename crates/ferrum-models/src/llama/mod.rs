@@ -343,9 +343,10 @@ impl<B: Backend> LlamaModel<B> {
     }
 
     /// [`LlamaModel::forward`] writing the wanted logits back to back into
-    /// `logits` (resized to exactly them), in segment order. Once the scratch buffers
-    /// have grown to the batch, a step allocates nothing (tested), so
-    /// serving loops that keep `logits` decode without touching the heap.
+    /// `logits` (resized to exactly them), in segment order. Once the
+    /// scratch buffers have grown to the batch, a step allocates nothing
+    /// (tested), so serving loops that keep `logits` decode without
+    /// touching the heap.
     ///
     /// Every segment is validated before anything is written: token ids,
     /// positions (a segment starting before its cache end rolls the cache
