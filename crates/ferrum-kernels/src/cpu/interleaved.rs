@@ -27,8 +27,10 @@
 //!   them as 16 × 32 i8; the 4- and 5-bit types as 8 slices of 32 bytes,
 //!   slice `s` holding `W_2s` in its low nibbles and `W_2s+1` in its high
 //!   nibbles;
-//! - Q5_0, Q5_1: 16 little-endian u32 masks, bit `i` of mask `p` the fifth
-//!   bit of `W_p[i]`.
+//! - Q5_0, Q5_1: two 32-byte planes of fifth bits, bit `j` of byte `i` of
+//!   plane `h` the fifth bit of `W_{8h+j}[i]`: a lane's bits sit in the
+//!   lane's own byte, so 256-bit code shifts them into place for eight
+//!   `W_p` at once instead of testing one broadcast mask per `W_p`.
 //!
 //! A group block is exactly sixteen file blocks long, so the weights take
 //! the same memory as in the file.
@@ -174,9 +176,11 @@ fn pack_quants(ty: GgmlType, q: &[[u8; 32]; ROWS], dst: &mut [u8]) {
                 }
             }
             if matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1) {
-                for p in 0..16 {
-                    let mask = (0..LANES).fold(0u32, |m, i| m | u32::from(w(p, i) >> 4) << i);
-                    dst[qs + 256 + 4 * p..][..4].copy_from_slice(&mask.to_le_bytes());
+                for h in 0..2 {
+                    for i in 0..LANES {
+                        let bits = (0..8).fold(0u8, |b, j| b | (w(8 * h + j, i) >> 4) << j);
+                        dst[qs + 256 + LANES * h + i] = bits;
+                    }
                 }
             }
         }
@@ -310,9 +314,8 @@ mod tests {
         let byte = blk[qs + 32 * (p / 2) + lane];
         let mut q = if p % 2 == 0 { byte & 0x0F } else { byte >> 4 };
         if matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1) {
-            let m = &blk[qs + 256 + 4 * p..];
-            let mask = u32::from_le_bytes([m[0], m[1], m[2], m[3]]);
-            q |= (((mask >> lane) & 1) as u8) << 4;
+            let bits = blk[qs + 256 + 32 * (p / 8) + lane];
+            q |= ((bits >> (p % 8)) & 1) << 4;
         }
         let q = f32::from(q);
         match ty {
