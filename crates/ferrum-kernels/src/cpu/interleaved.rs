@@ -364,6 +364,38 @@ mod tests {
         }
     }
 
+    /// A row's results do not depend on how many activation rows share the
+    /// kernel call (decode-sized calls take their own path): the engine's
+    /// batched == alone guarantee at the kernel's level.
+    #[test]
+    fn results_do_not_depend_on_the_row_count() {
+        use super::{super::act_quant::ActRows, dot_group, supports};
+        if !supports(GgmlType::Q4_0) {
+            eprintln!("skipped: no interleaved kernel on this CPU");
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(23);
+        for (seed, ty) in TYPES.into_iter().enumerate() {
+            let (n, k) = (ROWS, 256);
+            let nb = k / 32;
+            let bytes = crate::quant::random_blocks(ty, n * nb, seed as u64).unwrap_or_default();
+            let words = repack(&bytes, ty, n, k).unwrap_or_else(|e| panic!("{e}"));
+            let w = crate::packed_bytes(&words);
+            let a: Vec<f32> = (0..8 * k).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+            let mut act = ActRows::default();
+            act.quantize(&a, 8, k, 32);
+            let mut all = [[0f32; ROWS]; 8];
+            dot_group(ty, w, &act, 0, 8, &mut all);
+            for m in 1..=7 {
+                for r0 in 0..=8 - m {
+                    let mut part = [[0f32; ROWS]; 8];
+                    dot_group(ty, w, &act, r0, m, &mut part);
+                    assert_eq!(part[..m], all[r0..r0 + m], "{ty} rows {r0}..{}", r0 + m);
+                }
+            }
+        }
+    }
+
     /// The AVX-512 and the plain AVX2 kernels give the same bits for every
     /// type and row count (their integer sums cannot differ, and the float
     /// steps are the same instructions).

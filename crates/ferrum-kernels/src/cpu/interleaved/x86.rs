@@ -34,8 +34,25 @@ trait Format {
     const OFFSET: Offset;
     /// `W_{8h}..W_{8h+8}` of all sixteen rows as pairs of i16.
     unsafe fn half512(g: *const u8, h: usize) -> [__m512i; 8];
-    /// The same for rows `8u..8u + 8` alone.
-    unsafe fn half256(g: *const u8, h: usize, u: usize) -> [__m256i; 8];
+    /// What the slices of half `h` of rows `8u..8u + 8` share (the fifth-bit
+    /// plane of the 5-bit types), loaded once for its four slices.
+    #[inline(always)]
+    unsafe fn plane256(_g: *const u8, _h: usize, _u: usize) -> __m256i {
+        _mm256_setzero_si256()
+    }
+    /// `W_{2s}` and `W_{2s+1}` of rows `8u..8u + 8` alone (`plane` from
+    /// [`Format::plane256`] for half `s / 4`).
+    unsafe fn slice256(g: *const u8, s: usize, u: usize, plane: __m256i) -> [__m256i; 2];
+    /// `W_{8h}..W_{8h+8}` of rows `8u..8u + 8`.
+    #[inline(always)]
+    unsafe fn half256(g: *const u8, h: usize, u: usize) -> [__m256i; 8] {
+        let plane = Self::plane256(g, h, u);
+        let mut w = [_mm256_setzero_si256(); 8];
+        for t in 0..4 {
+            [w[2 * t], w[2 * t + 1]] = Self::slice256(g, 4 * h + t, u, plane);
+        }
+        w
+    }
 }
 
 /// Bytes of one `W_p` (or of one nibble slice): two per row.
@@ -55,19 +72,14 @@ unsafe fn nibble_half512(qs: *const u8, h: usize) -> [__m512i; 8] {
     w
 }
 
-/// [`nibble_half512`] for rows `8u..8u + 8`.
+/// Nibble slice `s` of rows `8u..8u + 8` widened: `W_{2s}`, `W_{2s+1}`.
 #[inline(always)]
-unsafe fn nibble_half256(qs: *const u8, h: usize, u: usize) -> [__m256i; 8] {
-    let mask = _mm256_set1_epi16(0x0F);
-    let mut w = [_mm256_setzero_si256(); 8];
-    for s in 0..4 {
-        let x = _mm256_cvtepu8_epi16(_mm_loadu_si128(
-            qs.add(LANE_BYTES * (4 * h + s) + 16 * u).cast(),
-        ));
-        w[2 * s] = _mm256_and_si256(x, mask);
-        w[2 * s + 1] = _mm256_srli_epi16(x, 4);
-    }
-    w
+unsafe fn nibble_slice256(qs: *const u8, s: usize, u: usize) -> [__m256i; 2] {
+    let x = _mm256_cvtepu8_epi16(_mm_loadu_si128(qs.add(LANE_BYTES * s + 16 * u).cast()));
+    [
+        _mm256_and_si256(x, _mm256_set1_epi16(0x0F)),
+        _mm256_srli_epi16(x, 4),
+    ]
 }
 
 /// Fifth-bit plane `h` of rows `8u..8u + 8`, one i16 lane per `W_p` lane:
@@ -90,25 +102,23 @@ unsafe fn add_fifth512(w: &mut [__m512i; 8], qh: *const u8, h: usize) {
     }
 }
 
-/// [`add_fifth512`] for rows `8u..8u + 8` without mask registers: bit `j`
-/// of the plane is shifted to bit 4 and or-ed in (the nibbles leave bit 4
-/// clear): two or three instructions a vector.
+/// [`add_fifth512`] for `W_{2s}`, `W_{2s+1}` of rows `8u..8u + 8`, without
+/// mask registers: the plane's bit `j` is shifted to bit 4 and or-ed in
+/// (the nibbles leave bit 4 clear).
 #[inline(always)]
-unsafe fn add_fifth256(w: &mut [__m256i; 8], qh: *const u8, h: usize, u: usize) {
-    let plane = fifth_plane256(qh, h, u);
-    let bit4 = _mm256_set1_epi16(16);
-    let at = |j: usize| match j {
-        0 => _mm256_slli_epi16(plane, 4),
-        1 => _mm256_slli_epi16(plane, 3),
-        2 => _mm256_slli_epi16(plane, 2),
-        3 => _mm256_slli_epi16(plane, 1),
-        4 => plane,
-        5 => _mm256_srli_epi16(plane, 1),
-        6 => _mm256_srli_epi16(plane, 2),
-        _ => _mm256_srli_epi16(plane, 3),
-    };
-    for (j, w) in w.iter_mut().enumerate() {
-        *w = _mm256_or_si256(*w, _mm256_and_si256(at(j), bit4));
+unsafe fn add_fifth256(w: &mut [__m256i; 2], plane: __m256i, s: usize) {
+    for (t, w) in w.iter_mut().enumerate() {
+        let bit = match 2 * (s % 4) + t {
+            0 => _mm256_slli_epi16(plane, 4),
+            1 => _mm256_slli_epi16(plane, 3),
+            2 => _mm256_slli_epi16(plane, 2),
+            3 => _mm256_slli_epi16(plane, 1),
+            4 => plane,
+            5 => _mm256_srli_epi16(plane, 1),
+            6 => _mm256_srli_epi16(plane, 2),
+            _ => _mm256_srli_epi16(plane, 3),
+        };
+        *w = _mm256_or_si256(*w, _mm256_and_si256(bit, _mm256_set1_epi16(16)));
     }
 }
 
@@ -138,10 +148,18 @@ impl<const MIN: bool, const FIFTH: bool> Format for Nibbles<MIN, FIFTH> {
         w
     }
     #[inline(always)]
-    unsafe fn half256(g: *const u8, h: usize, u: usize) -> [__m256i; 8] {
-        let mut w = nibble_half256(g.add(Self::QS), h, u);
+    unsafe fn plane256(g: *const u8, h: usize, u: usize) -> __m256i {
         if FIFTH {
-            add_fifth256(&mut w, g.add(Self::QH), h, u);
+            fifth_plane256(g.add(Self::QH), h, u)
+        } else {
+            _mm256_setzero_si256()
+        }
+    }
+    #[inline(always)]
+    unsafe fn slice256(g: *const u8, s: usize, u: usize, plane: __m256i) -> [__m256i; 2] {
+        let mut w = nibble_slice256(g.add(Self::QS), s, u);
+        if FIFTH {
+            add_fifth256(&mut w, plane, s);
         }
         w
     }
@@ -164,9 +182,9 @@ impl Format for Q80 {
         })
     }
     #[inline(always)]
-    unsafe fn half256(g: *const u8, h: usize, u: usize) -> [__m256i; 8] {
-        std::array::from_fn(|j| {
-            let p = g.add(LANE_BYTES * (1 + 8 * h + j) + 16 * u);
+    unsafe fn slice256(g: *const u8, s: usize, u: usize, _: __m256i) -> [__m256i; 2] {
+        std::array::from_fn(|t| {
+            let p = g.add(LANE_BYTES * (1 + 2 * s + t) + 16 * u);
             _mm256_cvtepi8_epi16(_mm_loadu_si128(p.cast()))
         })
     }
@@ -301,6 +319,74 @@ unsafe fn group256<F: Format, const M: usize>(
     }
 }
 
+/// [`group512`] in 256-bit vectors for up to two activation rows (decode):
+/// both halves of the group at once, so each broadcast activation pair
+/// feeds both halves' multiplies and each block is prefetched once. Taken
+/// a nibble slice at a time, everything stays in the sixteen registers.
+/// Each lane sees the same operations as in [`group256`].
+#[inline(always)]
+unsafe fn group256x2<F: Format, const M: usize>(
+    g: *const u8,
+    nb: usize,
+    act: &ActRows,
+    r0: usize,
+    out: &mut [[f32; ROWS]; ACT_ROWS],
+) {
+    let (k, stride) = (act.k, act.stride);
+    let mut acc = [[_mm256_setzero_ps(); 2]; M];
+    let mut planes = [_mm256_setzero_si256(); 2];
+    for b in 0..nb {
+        let p = g.add(b * F::GROUP);
+        prefetch_ahead(p, F::GROUP);
+        let mut dots = [[_mm256_setzero_si256(); 2]; M];
+        for s in 0..8 {
+            if s % 4 == 0 {
+                planes = [F::plane256(p, s / 4, 0), F::plane256(p, s / 4, 1)];
+            }
+            let w = [
+                F::slice256(p, s, 0, planes[0]),
+                F::slice256(p, s, 1, planes[1]),
+            ];
+            for (c, dots) in dots.iter_mut().enumerate() {
+                let a = act
+                    .qs
+                    .as_ptr()
+                    .add((r0 + c) * k + 32 * b + 4 * s)
+                    .cast::<i32>();
+                let x = [
+                    _mm256_set1_epi32(a.read_unaligned()),
+                    _mm256_set1_epi32(a.add(1).read_unaligned()),
+                ];
+                for (dot, w) in dots.iter_mut().zip(&w) {
+                    let y0 = _mm256_madd_epi16(w[0], x[0]);
+                    let y1 = _mm256_madd_epi16(w[1], x[1]);
+                    *dot = _mm256_add_epi32(*dot, _mm256_add_epi32(y0, y1));
+                }
+            }
+        }
+        for u in 0..2 {
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * u).cast()));
+            let o = match F::OFFSET {
+                Offset::No => _mm256_setzero_ps(),
+                Offset::Min => _mm256_cvtph_ps(_mm_loadu_si128(p.add(LANE_BYTES + 16 * u).cast())),
+                Offset::Scaled(c) => _mm256_mul_ps(d, _mm256_set1_ps(c)),
+            };
+            for (c, (acc, dots)) in acc.iter_mut().zip(&dots).enumerate() {
+                let i = (r0 + c) * stride + b;
+                let s = _mm256_mul_ps(d, _mm256_set1_ps(*act.d.as_ptr().add(i)));
+                acc[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[u]), s, acc[u]);
+                if F::OFFSET != Offset::No {
+                    acc[u] = _mm256_fmadd_ps(o, _mm256_set1_ps(*act.s.as_ptr().add(i)), acc[u]);
+                }
+            }
+        }
+    }
+    for (out, acc) in out.iter_mut().zip(acc) {
+        _mm256_storeu_ps(out.as_mut_ptr(), acc[0]);
+        _mm256_storeu_ps(out.as_mut_ptr().add(8), acc[1]);
+    }
+}
+
 /// Calls `$kernel::<Format, M>($args)` for the type `$ty` and row count.
 macro_rules! by_type {
     ($ty:expr, $m:expr, $kernel:ident($($arg:expr),*)) => {
@@ -325,8 +411,14 @@ pub(super) unsafe fn dot_group_avx2(
     m: usize,
     out: &mut [[f32; ROWS]; ACT_ROWS],
 ) {
-    for u in 0..2 {
-        by_type!(ty, m, group256(g, nb, act, r0, u, out))
+    match m {
+        1 => by_type!(ty, 1, group256x2(g, nb, act, r0, out)),
+        2 => by_type!(ty, 2, group256x2(g, nb, act, r0, out)),
+        _ => {
+            for u in 0..2 {
+                by_type!(ty, m, group256(g, nb, act, r0, u, out))
+            }
+        }
     }
 }
 
