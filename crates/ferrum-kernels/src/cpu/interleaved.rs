@@ -14,7 +14,10 @@
 //! two 512-bit `VPDPWSSD` per cycle (Intel server cores) that is twice the
 //! multiplies per instruction of eight rows in 256 bits, and where it
 //! splits them in two (Zen 4) it is no slower. CPUs without AVX-512 take
-//! each group as two halves of eight rows in 256-bit vectors.
+//! each group as two halves of eight rows in 256-bit vectors: one half at
+//! a time for up to eight activation rows (the registers hold eight
+//! accumulators), both at once for one or two (decode), where sharing each
+//! broadcast activation pair between the halves saves instructions.
 //!
 //! Layout of one *group block* (rows `16g..16g+16`, block `b`; groups are
 //! stored one after another, each holding its blocks in order, rows past
