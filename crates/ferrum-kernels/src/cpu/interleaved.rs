@@ -291,6 +291,7 @@ mod tests {
     use rand::{rngs::StdRng, Rng, SeedableRng};
 
     use super::{group_bytes, quants_at, repack, ROWS};
+    use crate::cpu::act_quant::ActRows;
     use crate::quant::dequantize;
 
     const TYPES: [GgmlType; 5] = [
@@ -367,26 +368,37 @@ mod tests {
         }
     }
 
+    /// Values per row of the kernel tests' group.
+    const GROUP_K: usize = 256;
+
+    /// One interleaved group of random `ty` blocks (`GROUP_K` values per
+    /// row) and eight quantized activation rows.
+    fn one_group(ty: GgmlType, seed: u64, rng: &mut StdRng) -> (Vec<f32>, ActRows) {
+        let blocks = ROWS * GROUP_K / 32;
+        let bytes = crate::quant::random_blocks(ty, blocks, seed).unwrap_or_default();
+        let words = repack(&bytes, ty, ROWS, GROUP_K).unwrap_or_else(|e| panic!("{e}"));
+        let a: Vec<f32> = (0..8 * GROUP_K)
+            .map(|_| rng.random_range(-2.0f32..2.0))
+            .collect();
+        let mut act = ActRows::default();
+        act.quantize(&a, 8, GROUP_K, 32);
+        (words, act)
+    }
+
     /// A row's results do not depend on how many activation rows share the
     /// kernel call (decode-sized calls take their own path): the engine's
     /// batched == alone guarantee at the kernel's level.
     #[test]
     fn results_do_not_depend_on_the_row_count() {
-        use super::{super::act_quant::ActRows, dot_group, supports};
+        use super::{dot_group, supports};
         if !supports(GgmlType::Q4_0) {
             eprintln!("skipped: no interleaved kernel on this CPU");
             return;
         }
         let mut rng = StdRng::seed_from_u64(23);
         for (seed, ty) in TYPES.into_iter().enumerate() {
-            let (n, k) = (ROWS, 256);
-            let nb = k / 32;
-            let bytes = crate::quant::random_blocks(ty, n * nb, seed as u64).unwrap_or_default();
-            let words = repack(&bytes, ty, n, k).unwrap_or_else(|e| panic!("{e}"));
+            let (words, act) = one_group(ty, seed as u64, &mut rng);
             let w = crate::packed_bytes(&words);
-            let a: Vec<f32> = (0..8 * k).map(|_| rng.random_range(-2.0f32..2.0)).collect();
-            let mut act = ActRows::default();
-            act.quantize(&a, 8, k, 32);
             let mut all = [[0f32; ROWS]; 8];
             dot_group(ty, w, &act, 0, 8, &mut all);
             for m in 1..=7 {
@@ -405,28 +417,22 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn vnni_and_avx2_kernels_agree_bitwise() {
-        use super::{super::act_quant::ActRows, super::int_dot::has_vnni, supports, x86};
+        use super::{super::int_dot::has_vnni, supports, x86};
         if !has_vnni() || !supports(GgmlType::Q4_0) {
             eprintln!("skipped: this CPU lacks AVX-512 VNNI");
             return;
         }
         let mut rng = StdRng::seed_from_u64(22);
         for (seed, ty) in TYPES.into_iter().enumerate() {
-            let (n, k) = (ROWS, 256);
-            let nb = k / 32;
-            let bytes = crate::quant::random_blocks(ty, n * nb, seed as u64).unwrap_or_default();
-            let words = repack(&bytes, ty, n, k).unwrap_or_else(|e| panic!("{e}"));
+            let (words, act) = one_group(ty, seed as u64, &mut rng);
             let w = crate::packed_bytes(&words);
-            let a: Vec<f32> = (0..8 * k).map(|_| rng.random_range(-2.0f32..2.0)).collect();
-            let mut act = ActRows::default();
-            act.quantize(&a, 8, k, 32);
             for m in 1..=8 {
                 let (mut x, mut y) = ([[0f32; ROWS]; 8], [[0f32; ROWS]; 8]);
                 // SAFETY: both entries' features were detected above; `w`
                 // holds one group of `nb` blocks and `act` eight rows.
                 unsafe {
-                    x86::dot_group_avx2(ty, w.as_ptr(), nb, &act, 0, m, &mut x);
-                    x86::dot_group_avx512(ty, w.as_ptr(), nb, &act, 0, m, &mut y);
+                    x86::dot_group_avx2(ty, w.as_ptr(), GROUP_K / 32, &act, 0, m, &mut x);
+                    x86::dot_group_avx512(ty, w.as_ptr(), GROUP_K / 32, &act, 0, m, &mut y);
                 }
                 assert_eq!(x[..m], y[..m], "{ty} m{m}");
             }
