@@ -228,6 +228,8 @@ pub struct AttnSegment<'a> {
     /// Where its head-major queries `[heads, q_len, head_dim]` start in the
     /// call's `q`, and its output in `out` (elements).
     pub offset: usize,
+    /// Its queries (new tokens), keys in its cache including them, and the
+    /// position of its first query: as in [`Backend::paged_attention`].
     pub q_len: usize,
     pub kv_len: usize,
     pub pos_offset: usize,

@@ -180,13 +180,9 @@ fn check_attention(
     let nh = nkv * group;
     let stride = kv_len + extra_stride;
     let cfg = AttnConfig {
-        num_heads: nh,
-        num_kv_heads: nkv,
-        head_dim: hd,
         causal,
-        scale: 1.0 / (hd as f32).sqrt(),
         kv_seq_stride: if extra_stride == 0 { 0 } else { stride },
-        sliding_window: window,
+        ..causal_cfg(nkv, group, hd, window)
     };
     // Scores of O(3) so the softmax is neither flat nor one-hot.
     let q: Vec<f32> = rand_vec(&mut rng, batch * nh * q_len * hd)
@@ -325,6 +321,29 @@ proptest! {
     }
 }
 
+/// Causal attention of `nkv · group` query heads on `nkv` KV heads, scaled
+/// by `1/√hd`, contiguous K/V.
+fn causal_cfg(nkv: usize, group: usize, hd: usize, window: usize) -> AttnConfig {
+    AttnConfig {
+        num_heads: nkv * group,
+        num_kv_heads: nkv,
+        head_dim: hd,
+        causal: true,
+        scale: 1.0 / (hd as f32).sqrt(),
+        kv_seq_stride: 0,
+        sliding_window: window,
+    }
+}
+
+/// Block ids `0..n` in a random order (a Fisher-Yates shuffle).
+fn shuffled_ids(n: usize, rng: &mut StdRng) -> Vec<u32> {
+    let mut ids: Vec<u32> = (0..n as u32).collect();
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, rng.random_range(0..=i));
+    }
+    ids
+}
+
 /// Paged attention: K/V appended in uneven chunks into a shuffled block
 /// table, then attended over; the CPU kernels and the generic
 /// gather/copy path (what GPU backends run) must agree with the reference.
@@ -341,15 +360,7 @@ fn check_paged_attention(
 ) {
     let mut rng = StdRng::seed_from_u64(seed);
     let nh = nkv * group;
-    let cfg = AttnConfig {
-        num_heads: nh,
-        num_kv_heads: nkv,
-        head_dim: hd,
-        causal: true,
-        scale: 1.0 / (hd as f32).sqrt(),
-        kv_seq_stride: 0,
-        sliding_window: window,
-    };
+    let cfg = causal_cfg(nkv, group, hd, window);
     let k = rand_vec(&mut rng, nkv * kv_len * hd);
     let v = rand_vec(&mut rng, nkv * kv_len * hd);
     let q: Vec<f32> = rand_vec(&mut rng, nh * q_len * hd)
@@ -358,10 +369,7 @@ fn check_paged_attention(
         .collect();
     // More blocks than needed, handed out in a scrambled order.
     let nblocks = kv_len.div_ceil(bs) + 3;
-    let mut table: Vec<u32> = (0..nblocks as u32).collect();
-    for i in (1..table.len()).rev() {
-        table.swap(i, rng.random_range(0..=i));
-    }
+    let table = shuffled_ids(nblocks, &mut rng);
     let pages = PagedKv {
         block_table: &table,
         block_size: bs,
@@ -454,22 +462,11 @@ fn segmented_paged_attention_equals_one_call_per_sequence() {
     let mut rng = StdRng::seed_from_u64(77);
     let (nkv, group, hd, bs): (usize, usize, usize, usize) = (3, 2, 32, 4);
     let nh = nkv * group;
-    let cfg = AttnConfig {
-        num_heads: nh,
-        num_kv_heads: nkv,
-        head_dim: hd,
-        causal: true,
-        scale: 1.0 / (hd as f32).sqrt(),
-        kv_seq_stride: 0,
-        sliding_window: 0,
-    };
+    let cfg = causal_cfg(nkv, group, hd, 0);
     // (q_len, kv_len) per sequence.
     let seqs: [(usize, usize); 5] = [(1, 9), (5, 20), (0, 3), (1, 1), (3, 3)];
     let nblocks: usize = seqs.iter().map(|&(_, kv)| kv.div_ceil(bs)).sum();
-    let mut ids: Vec<u32> = (0..nblocks as u32).collect();
-    for i in (1..ids.len()).rev() {
-        ids.swap(i, rng.random_range(0..=i));
-    }
+    let mut ids = shuffled_ids(nblocks, &mut rng);
     let mut tables = Vec::new();
     for &(_, kv) in &seqs {
         let rest = ids.split_off(kv.div_ceil(bs));
