@@ -14,10 +14,11 @@
 //! two 512-bit `VPDPWSSD` per cycle (Intel server cores) that is twice the
 //! multiplies per instruction of eight rows in 256 bits, and where it
 //! splits them in two (Zen 4) it is no slower. CPUs without AVX-512 take
-//! each group as two halves of eight rows in 256-bit vectors: one half at
-//! a time for up to eight activation rows (the registers hold eight
-//! accumulators), both at once for one or two (decode), where sharing each
-//! broadcast activation pair between the halves saves instructions.
+//! each group as two halves of eight rows in 256-bit vectors: both at once
+//! for up to four activation rows, where each broadcast activation pair
+//! feeds both halves (a broadcast costs as much as a multiply there), and
+//! so in runs of four for more rows; the 5-bit types, whose unpacking is
+//! dearer, take one half at a time for eight rows (eight accumulators).
 //!
 //! Layout of one *group block* (rows `16g..16g+16`, block `b`; groups are
 //! stored one after another, each holding its blocks in order, rows past
