@@ -336,8 +336,7 @@ unsafe fn group256<F: Format, const M: usize>(
 /// [`group512`] in 256-bit vectors for up to four activation rows: both
 /// halves of the group at once, so each broadcast activation pair feeds
 /// both halves' multiplies and each block is prefetched once. Taken a
-/// nibble slice at a time, the integer sums stay in registers (the float
-/// accumulators of three or four rows spill, touched once per block).
+/// nibble slice at a time, so that only one slice of weights is live.
 /// Each lane sees the same operations as in [`group256`].
 #[inline(always)]
 unsafe fn group256x2<F: Format, const M: usize>(
