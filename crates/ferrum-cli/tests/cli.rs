@@ -107,7 +107,8 @@ fn inspect_describes_a_gguf() {
 
 #[test]
 fn bad_models_fail_with_one_line() {
-    let junk = std::env::temp_dir().join(format!("ferrum-cli-junk-{}.gguf", std::process::id()));
+    let tmp = tempfile::tempdir().unwrap();
+    let junk = tmp.path().join("junk.gguf");
     std::fs::write(&junk, b"definitely not a model").unwrap();
     let junk = junk.to_string_lossy().into_owned();
     let mut cases = vec![
@@ -219,7 +220,8 @@ fn perplexity_json_is_the_last_line() {
         return;
     };
     let text = "The quick brown fox jumps over the lazy dog. ".repeat(60);
-    let file = std::env::temp_dir().join(format!("ferrum-ppl-{}.txt", std::process::id()));
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("text.txt");
     std::fs::write(&file, text).unwrap();
     let out = ferrum(&[
         "perplexity",

@@ -77,24 +77,18 @@ fn fake_hub(body: Vec<u8>, max: usize) -> String {
     format!("http://{addr}")
 }
 
-fn temp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ferrum-pull-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 #[test]
 fn pulls_from_the_hub_into_the_standard_cache() {
     let body = tiny_gguf();
     let endpoint = fake_hub(body.clone(), 20);
-    let (hf_home, models) = (temp("hf"), temp("models"));
+    let (hf_tmp, models_tmp) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (hf_home, models) = (hf_tmp.path(), models_tmp.path());
     let run = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_ferrum"))
             .args(args)
             .env("HF_ENDPOINT", &endpoint)
-            .env("HF_HOME", &hf_home)
-            .env("FERRUM_MODELS", &models)
+            .env("HF_HOME", hf_home)
+            .env("FERRUM_MODELS", models)
             .output()
             .unwrap()
     };

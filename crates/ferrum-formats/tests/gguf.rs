@@ -107,17 +107,18 @@ fn sample() -> Writer {
     w
 }
 
-fn temp_file(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ferrum-gguf-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
+/// `bytes` written as `name` in a fresh directory, removed when the
+/// returned guard drops.
+fn temp_file(name: &str, bytes: &[u8]) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join(name);
     std::fs::write(&p, bytes).unwrap();
-    p
+    (dir, p)
 }
 
 #[test]
 fn round_trip_every_value_type() {
-    let path = temp_file("ok.gguf", &sample().bytes());
+    let (_dir, path) = temp_file("ok.gguf", &sample().bytes());
     let g = GgufFile::open(&path).unwrap();
     assert_eq!(g.header().version, 3);
     assert_eq!(g.architecture().unwrap(), "llama");
@@ -161,7 +162,7 @@ fn round_trip_every_value_type() {
 
 /// The message of a file that must fail to open.
 fn open_err(name: &str, bytes: &[u8]) -> String {
-    let path = temp_file(name, bytes);
+    let (_dir, path) = temp_file(name, bytes);
     let msg = GgufFile::open(&path)
         .err()
         .expect("must be rejected")

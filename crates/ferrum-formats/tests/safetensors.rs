@@ -13,12 +13,6 @@ fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/hf-tiny")
 }
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ferrum-st-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 /// Writes a safetensors file with the given `(name, dtype, shape, bytes)`.
 fn write(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
     let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
@@ -115,7 +109,8 @@ fn minilm_without_bert_prefix() {
 
 #[test]
 fn half_precision_integer_and_sharded() {
-    let dir = temp_dir("shards");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
     let vals = [1.5f32, -2.25, 0.0, 65504.0];
     let f16: Vec<u8> = vals
         .iter()
@@ -148,7 +143,7 @@ fn half_precision_integer_and_sharded() {
         serde_json::json!({"metadata": {}, "weight_map": map}).to_string(),
     )
     .unwrap();
-    let st = SafeTensors::open_dir(&dir).unwrap();
+    let st = SafeTensors::open_dir(dir).unwrap();
     assert_eq!(st.names(), vec!["a", "b", "c"]);
     assert_eq!(st.to_f32("a").unwrap(), (vals.to_vec(), vec![2, 2]));
     assert_eq!(
@@ -164,8 +159,9 @@ fn half_precision_integer_and_sharded() {
 
 #[test]
 fn broken_checkpoints_are_errors() {
-    let dir = temp_dir("broken");
-    assert!(SafeTensors::open_dir(&dir)
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    assert!(SafeTensors::open_dir(dir)
         .err()
         .unwrap()
         .to_string()
@@ -176,7 +172,7 @@ fn broken_checkpoints_are_errors() {
     );
     let good = std::fs::read(dir.join("model.safetensors")).unwrap();
     std::fs::write(dir.join("model.safetensors"), &good[..good.len() - 4]).unwrap();
-    let err = SafeTensors::open_dir(&dir).err().unwrap().to_string();
+    let err = SafeTensors::open_dir(dir).err().unwrap().to_string();
     assert!(
         err.contains("model.safetensors") && err.contains("not a valid safetensors"),
         "{err}"
@@ -186,13 +182,13 @@ fn broken_checkpoints_are_errors() {
         b"\xff\xff\xff\xff\xff\xff\xff\x7fgarbage",
     )
     .unwrap();
-    assert!(SafeTensors::open_dir(&dir).is_err());
+    assert!(SafeTensors::open_dir(dir).is_err());
     std::fs::write(
         dir.join("model.safetensors.index.json"),
         r#"{"weight_map": {"w": "../../etc/passwd"}}"#,
     )
     .unwrap();
-    assert!(SafeTensors::open_dir(&dir)
+    assert!(SafeTensors::open_dir(dir)
         .err()
         .unwrap()
         .to_string()
