@@ -257,6 +257,11 @@ fn attention_batched_long_context() {
     check_attention(2, 3, 3, 64, 130, 300, 170, 20, true, 0, 7);
     check_attention(2, 2, 4, 128, 1, 1000, 999, 24, true, 0, 8);
     check_attention(1, 1, 2, 80, 64, 64, 0, 0, true, 48, 9);
+    // Single queries whose keys are split over tasks and merged: one KV
+    // head, over a window that starts off a tile boundary, and unwindowed
+    // at the most chunks.
+    check_attention(2, 1, 4, 64, 1, 2000, 1999, 8, true, 700, 10);
+    check_attention(1, 2, 2, 32, 1, 5000, 4999, 0, true, 0, 11);
 }
 
 #[test]
@@ -451,6 +456,11 @@ fn paged_attention_matches_contiguous_reference() {
             }
         }
     }
+    // Decode steps at long context, split into key chunks.
+    for (kv_len, window) in [(513, 0), (3000, 0), (3000, 700), (4200, 1)] {
+        seed += 1;
+        check_paged_attention(1, 3, 64, 16, kv_len, 1, window, seed);
+    }
 }
 
 /// Several sequences in one `paged_attention_segments` call (their own
@@ -464,7 +474,7 @@ fn segmented_paged_attention_equals_one_call_per_sequence() {
     let nh = nkv * group;
     let cfg = causal_cfg(nkv, group, hd, 0);
     // (q_len, kv_len) per sequence.
-    let seqs: [(usize, usize); 5] = [(1, 9), (5, 20), (0, 3), (1, 1), (3, 3)];
+    let seqs: [(usize, usize); 6] = [(1, 9), (5, 20), (0, 3), (1, 1), (1, 900), (3, 3)];
     let nblocks: usize = seqs.iter().map(|&(_, kv)| kv.div_ceil(bs)).sum();
     let mut ids = shuffled_ids(nblocks, &mut rng);
     let mut tables = Vec::new();

@@ -5,7 +5,8 @@
 //! memory per task is `rows × (KV_TILE + head_dim)` whatever `q_len × kv_len`
 //! is. One task handles one KV head of one batch item for a block of query
 //! positions, with every query head of its GQA group, so each K/V tile is
-//! loaded into cache once and used by `group × block` query rows.
+//! loaded into cache once and used by `group × block` query rows. A single
+//! query's keys are also split over tasks (see [`Cut`]).
 
 use std::cell::RefCell;
 
@@ -24,6 +25,9 @@ thread_local! {
     /// Per-thread scratch (scores, accumulators, m, l), grown on first use
     /// and reused by every later call: no heap allocation in steady state.
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The calling thread's slots for split tasks' partial results, kept
+    /// across calls like `SCRATCH`.
+    static PARTIALS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Scratch [`reserve_scratch`] sets aside: a decode task's rows (a GQA
@@ -42,36 +46,33 @@ pub(crate) fn reserve_scratch() {
     });
 }
 
-/// Shapes of one call, fixed for all tasks.
+/// Head shapes of one call, fixed for all tasks.
 struct Dims {
-    nh: usize,
     hd: usize,
-    q_len: usize,
-    kv_len: usize,
     group: usize,
-    pos_offset: usize,
 }
 
-/// Where row `j` of KV head `kvh` of batch item `b` starts in K and V.
+/// Where row `j` of KV head `kvh` of one sequence starts in K and V.
 trait KvRows: Sync {
-    fn row(&self, b: usize, kvh: usize, j: usize) -> usize;
+    fn row(&self, kvh: usize, j: usize) -> usize;
 }
 
-/// `[batch, kv_heads, stride, head_dim]` buffers.
+/// One batch item of `[batch, kv_heads, stride, head_dim]` buffers, whose
+/// heads start at `base`.
 struct Contiguous {
-    nkv: usize,
+    base: usize,
     stride: usize,
     hd: usize,
 }
 
 impl KvRows for Contiguous {
     #[inline]
-    fn row(&self, b: usize, kvh: usize, j: usize) -> usize {
-        ((b * self.nkv + kvh) * self.stride + j) * self.hd
+    fn row(&self, kvh: usize, j: usize) -> usize {
+        self.base + (kvh * self.stride + j) * self.hd
     }
 }
 
-/// A paged pool (one sequence, `b` is always 0).
+/// A sequence's pages of a paged pool.
 struct Paged<'a> {
     pages: PagedKv<'a>,
     nkv: usize,
@@ -80,9 +81,19 @@ struct Paged<'a> {
 
 impl KvRows for Paged<'_> {
     #[inline]
-    fn row(&self, _b: usize, kvh: usize, j: usize) -> usize {
+    fn row(&self, kvh: usize, j: usize) -> usize {
         self.pages.offset(j, kvh, self.nkv, self.hd)
     }
+}
+
+/// One sequence of a call: its queries `[heads, q_len, head_dim]` (and its
+/// output, the same shape) start at element `offset`.
+struct Seq<R> {
+    rows: R,
+    offset: usize,
+    q_len: usize,
+    kv_len: usize,
+    pos_offset: usize,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -114,8 +125,20 @@ pub(crate) fn flash_attention(
         let last = ((batch - 1) * nkv + nkv - 1) * stride * hd + kv_len * hd;
         let _ = (&k[..last], &v[..last]);
     }
-    let rows = Contiguous { nkv, stride, hd };
-    run(q, k, v, out, batch, q_len, kv_len, pos_offset, cfg, &rows);
+    let n = batch * nh * q_len * hd;
+    let (q, out) = (&q[..n], &mut out[..n]);
+    let seq = |b: usize| Seq {
+        rows: Contiguous {
+            base: b * nkv * stride * hd,
+            stride,
+            hd,
+        },
+        offset: b * nh * q_len * hd,
+        q_len,
+        kv_len,
+        pos_offset,
+    };
+    attend(q, k, v, out, cfg, batch, seq);
 }
 
 /// [`flash_attention`] for one sequence whose K/V are in a paged pool.
@@ -141,8 +164,8 @@ pub(crate) fn paged_attention(
     paged_attention_segments(q, k_pool, v_pool, &[seg], out, cfg);
 }
 
-/// [`paged_attention`] for several sequences: the tasks of all of them
-/// (KV head × query block) go to the pool in one parallel step.
+/// [`paged_attention`] for several sequences: the tasks of all of them go
+/// to the pool in one parallel step.
 pub(crate) fn paged_attention_segments(
     q: &[f32],
     k_pool: &[f32],
@@ -169,67 +192,204 @@ pub(crate) fn paged_attention_segments(
             let _ = (&k_pool[..last], &v_pool[..last]);
         }
     }
-    let threads = rayon::current_num_threads();
-    let heads_total = segs.len() * nkv;
-    // A segment's query block and its number of blocks per KV head.
-    let blocks = |s: &AttnSegment| {
-        let qb = query_block(s.q_len, heads_total, threads);
-        (qb, s.q_len.div_ceil(qb))
-    };
-    let tasks: usize = segs.iter().map(|s| nkv * blocks(s).1).sum();
-    let out_ptr = SyncPtr(out.as_mut_ptr());
-    let task = |t: usize| {
-        let mut t = t;
-        for s in segs {
-            let (qb, blocks) = blocks(s);
-            if t >= nkv * blocks {
-                t -= nkv * blocks;
-                continue;
-            }
-            let (kvh, q0) = (t / blocks, (t % blocks) * qb);
-            let d = Dims {
-                nh,
-                hd,
-                q_len: s.q_len,
-                kv_len: s.kv_len,
-                group: nh / nkv,
-                pos_offset: s.pos_offset,
-            };
-            let rows = Paged {
+    let seq = |i: usize| {
+        let s = &segs[i];
+        Seq {
+            rows: Paged {
                 pages: s.pages,
                 nkv,
                 hd,
-            };
-            // The segment's rows of `out` start at its offset (checked above).
-            let seg_out = SyncPtr(out_ptr.get().wrapping_add(s.offset));
-            let at = Task {
-                b: 0,
-                kvh,
-                q0,
-                nq: qb.min(s.q_len - q0),
-            };
-            SCRATCH.with(|scratch| {
-                let q = &q[s.offset..];
-                attend_block(
-                    &d,
-                    cfg,
-                    q,
-                    k_pool,
-                    v_pool,
-                    &rows,
-                    seg_out,
-                    at,
-                    &mut scratch.borrow_mut(),
-                );
-            });
-            return;
+            },
+            offset: s.offset,
+            q_len: s.q_len,
+            kv_len: s.kv_len,
+            pos_offset: s.pos_offset,
         }
     };
-    if tasks == 1 || threads == 1 {
-        (0..tasks).for_each(task);
-    } else {
-        (0..tasks).into_par_iter().for_each(task);
+    attend(q, k_pool, v_pool, out, cfg, segs.len(), seq);
+}
+
+/// How one sequence's work is cut into tasks: per KV head, `blocks` blocks
+/// of `qb` query positions, each over `splits` chunks of its keys.
+///
+/// Only a single query (a decode step) is split: its visible keys, from
+/// the tile boundary `start` on, in chunks of `chunk` keys, each chunk a
+/// task leaving an unnormalised partial result for [`merge`]
+/// (flash-decoding). Without it a decode step has one task per KV head,
+/// which leaves cores idle at long context (one KV head: one core; three
+/// on two cores: two rounds). The cut depends on the sequence's own key
+/// range alone, never on the batch or the thread count, so a sequence
+/// decodes to the same bits alone and in any batch. (Below 512 visible
+/// keys nothing is split, and a decode step gives the same bits as a
+/// prefill's last position; above, the merge's order of sums differs
+/// from the prefill's in the last bits.)
+#[derive(Clone, Copy)]
+struct Cut {
+    qb: usize,
+    blocks: usize,
+    splits: usize,
+    chunk: usize,
+    start: usize,
+}
+
+/// Fewest keys per chunk of a split query: a chunk is then tens of
+/// microseconds of work, against about one for its task and merge.
+/// Chunks are equal, so a query is split once it sees twice this many.
+const SPLIT_MIN_KEYS: usize = 256;
+
+/// Most chunks per split query, which bounds the partials' scratch.
+const MAX_SPLITS: usize = 16;
+
+impl Cut {
+    fn new<R>(s: &Seq<R>, cfg: &AttnConfig, heads_total: usize, threads: usize) -> Self {
+        let qb = query_block(s.q_len, heads_total, threads);
+        let mut cut = Self {
+            qb,
+            blocks: s.q_len.div_ceil(qb),
+            splits: 1,
+            chunk: 0,
+            start: 0,
+        };
+        if s.q_len == 1 {
+            let (lo, hi) = key_range(cfg, s.kv_len, s.pos_offset);
+            let start = lo - lo % KV_TILE;
+            let span = hi - start;
+            let splits = (span / SPLIT_MIN_KEYS).clamp(1, MAX_SPLITS);
+            let chunk = span.div_ceil(splits).next_multiple_of(KV_TILE);
+            (cut.splits, cut.chunk, cut.start) = (span.div_ceil(chunk).max(1), chunk, start);
+        }
+        cut
     }
+
+    fn tasks(&self, nkv: usize) -> usize {
+        nkv * self.blocks * self.splits
+    }
+
+    /// Keys `[lo, hi)` of chunk `c` (every key when unsplit).
+    fn keys(&self, c: usize) -> (usize, usize) {
+        if self.splits == 1 {
+            (0, usize::MAX)
+        } else {
+            let lo = self.start + c * self.chunk;
+            (lo, lo + self.chunk)
+        }
+    }
+}
+
+/// Runs every task of sequences `seq(0..n)` in one parallel step, then
+/// merges the split ones. The callers have bounds-checked `q`, `out` and
+/// the K/V rows against the sequences.
+fn attend<R: KvRows, S: Fn(usize) -> Seq<R> + Sync>(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+    cfg: &AttnConfig,
+    n: usize,
+    seq: S,
+) {
+    let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    let d = Dims {
+        hd,
+        group: nh / nkv,
+    };
+    let threads = rayon::current_num_threads();
+    let cut = |s: &Seq<R>| Cut::new(s, cfg, n * nkv, threads);
+    // Partial slots, one per task of a split sequence; the scratch is sized
+    // for the most splits any single query can take, so that it stops
+    // growing once the batch has been seen.
+    let slot_len = d.group * (hd + 2);
+    let (mut tasks, mut most_slots) = (0, 0);
+    for i in 0..n {
+        let s = seq(i);
+        tasks += cut(&s).tasks(nkv);
+        if s.q_len == 1 {
+            most_slots += nkv * MAX_SPLITS;
+        }
+    }
+    PARTIALS.with(|partials| {
+        let mut partials = partials.borrow_mut();
+        if partials.len() < most_slots * slot_len {
+            partials.resize(most_slots * slot_len, 0.0);
+        }
+        let (out_ptr, part_ptr) = (SyncPtr(out.as_mut_ptr()), SyncPtr(partials.as_mut_ptr()));
+        let task = |t: usize| {
+            let (mut t, mut slot) = (t, 0);
+            for i in 0..n {
+                let s = seq(i);
+                let c = cut(&s);
+                let count = c.tasks(nkv);
+                if t >= count {
+                    t -= count;
+                    slot += if c.splits > 1 { count } else { 0 };
+                    continue;
+                }
+                let per_head = c.blocks * c.splits;
+                let (blk, split) = ((t % per_head) / c.splits, t % c.splits);
+                let q0 = blk * c.qb;
+                let at = Task {
+                    kvh: t / per_head,
+                    q0,
+                    nq: c.qb.min(s.q_len - q0),
+                    keys: c.keys(split),
+                    partial: (c.splits > 1)
+                        .then(|| SyncPtr(part_ptr.get().wrapping_add((slot + t) * slot_len))),
+                };
+                SCRATCH.with(|scratch| {
+                    attend_block(&d, cfg, q, k, v, &s, out_ptr, at, &mut scratch.borrow_mut());
+                });
+                return;
+            }
+        };
+        if tasks == 1 || threads == 1 {
+            (0..tasks).for_each(task);
+        } else {
+            (0..tasks).into_par_iter().for_each(task);
+        }
+        let mut slot = 0;
+        for i in 0..n {
+            let s = seq(i);
+            let c = cut(&s);
+            if c.splits == 1 {
+                continue;
+            }
+            for h in 0..nh {
+                let first = slot + (h / d.group) * c.splits;
+                let slots = &partials[first * slot_len..(first + c.splits) * slot_len];
+                let o = &mut out[s.offset + h * hd..s.offset + (h + 1) * hd];
+                merge(o, slots, h % d.group, d.group, hd);
+            }
+            slot += c.tasks(nkv);
+        }
+    });
+}
+
+/// Row `g`'s output from the partials of its key chunks: `slots` holds one
+/// slot per chunk, each `[o; rows × hd] [m; rows] [l; rows]` (the
+/// unnormalised accumulator, running maximum and denominator of `rows`
+/// rows, as [`attend_block`] keeps them).
+fn merge(out: &mut [f32], slots: &[f32], g: usize, rows: usize, hd: usize) {
+    let slot_len = rows * (hd + 2);
+    let chunks = slots.len() / slot_len;
+    let m = |c: usize| slots[c * slot_len + rows * hd + g];
+    let l = |c: usize| slots[c * slot_len + rows * hd + rows + g];
+    let top = (0..chunks)
+        .filter(|&c| l(c) > 0.0)
+        .map(m)
+        .fold(f32::NEG_INFINITY, f32::max);
+    let mut weights = [0f32; MAX_SPLITS];
+    let mut at = [0usize; MAX_SPLITS];
+    let mut z = 0.0;
+    for c in 0..chunks {
+        if l(c) > 0.0 {
+            weights[c] = (m(c) - top).exp();
+            z += weights[c] * l(c);
+        }
+        at[c] = c * slot_len + g * hd;
+    }
+    out.fill(0.0);
+    simd::axpy_many(out, &weights[..chunks], slots, &at[..chunks]);
+    simd::scale(out, if z > 0.0 { 1.0 / z } else { 0.0 });
 }
 
 /// Query positions per task for `q_len` queries over `heads_total` KV
@@ -249,65 +409,15 @@ fn check_heads(nh: usize, nkv: usize) {
     );
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run<R: KvRows>(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    out: &mut [f32],
-    batch: usize,
-    q_len: usize,
-    kv_len: usize,
-    pos_offset: usize,
-    cfg: &AttnConfig,
-    rows: &R,
-) {
-    let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-    let d = Dims {
-        nh,
-        hd,
-        q_len,
-        kv_len,
-        group: nh / nkv,
-        pos_offset,
-    };
-    let q = &q[..batch * nh * q_len * hd];
-    let out = &mut out[..batch * nh * q_len * hd];
-    if batch == 0 || q_len == 0 {
-        return;
-    }
-
-    let threads = rayon::current_num_threads();
-    let heads_total = batch * nkv;
-    let q_block = query_block(q_len, heads_total, threads);
-    let blocks_per_head = q_len.div_ceil(q_block);
-    let tasks = heads_total * blocks_per_head;
-    let out_ptr = SyncPtr(out.as_mut_ptr());
-
-    let task = |t: usize| {
-        let (bh, blk) = (t / blocks_per_head, t % blocks_per_head);
-        let (b, kvh) = (bh / nkv, bh % nkv);
-        let q0 = blk * q_block;
-        let nq = q_block.min(q_len - q0);
-        SCRATCH.with(|s| {
-            let mut s = s.borrow_mut();
-            let at = Task { b, kvh, q0, nq };
-            attend_block(&d, cfg, q, k, v, rows, out_ptr, at, &mut s);
-        });
-    };
-    if tasks == 1 || threads == 1 {
-        (0..tasks).for_each(task);
-    } else {
-        (0..tasks).into_par_iter().for_each(task);
-    }
-}
-
-/// One task: KV head `kvh` of batch item `b`, queries `q0..q0 + nq`.
+/// One task of a sequence: KV head `kvh`, queries `q0..q0 + nq`, keys
+/// within `keys`. A split task leaves its rows' running state in its
+/// `partial` slot (see [`merge`]) instead of writing the output.
 struct Task {
-    b: usize,
     kvh: usize,
     q0: usize,
     nq: usize,
+    keys: (usize, usize),
+    partial: Option<SyncPtr>,
 }
 
 /// Visible key range `[lo, hi)` of the query at absolute position `p`.
@@ -332,12 +442,18 @@ fn attend_block<R: KvRows>(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    kv_rows: &R,
+    seq: &Seq<R>,
     out: SyncPtr,
     at: Task,
     scratch: &mut Vec<f32>,
 ) {
-    let Task { b, kvh, q0, nq } = at;
+    let Task {
+        kvh,
+        q0,
+        nq,
+        keys,
+        partial,
+    } = at;
     let (hd, group) = (d.hd, d.group);
     let rows = nq * group;
     let need = rows * (KV_TILE + hd + 2);
@@ -358,9 +474,13 @@ fn attend_block<R: KvRows>(
     let q_row = |r: usize| {
         let (qi, g) = (r / group, r % group);
         let h = kvh * group + g;
-        ((b * d.nh + h) * d.q_len + q0 + qi) * hd
+        seq.offset + (h * seq.q_len + q0 + qi) * hd
     };
-    let range_of = |r: usize| key_range(cfg, d.kv_len, d.pos_offset + q0 + r / group);
+    let range_of = |r: usize| {
+        let (lo, hi) = key_range(cfg, seq.kv_len, seq.pos_offset + q0 + r / group);
+        let (lo, hi) = (lo.max(keys.0), hi.min(keys.1));
+        (lo.min(hi), hi)
+    };
 
     let first = (0..rows).map(|r| range_of(r).0).min().unwrap_or(0);
     let last = (0..rows).map(|r| range_of(r).1).max().unwrap_or(0);
@@ -368,7 +488,7 @@ fn attend_block<R: KvRows>(
     while t0 < last {
         let t1 = (t0 + KV_TILE).min(last);
         for (o, j) in offs.iter_mut().zip(t0..t1) {
-            *o = kv_rows.row(b, kvh, j);
+            *o = seq.rows.row(kvh, j);
         }
         for r in 0..rows {
             let (lo, hi) = range_of(r);
@@ -396,13 +516,20 @@ fn attend_block<R: KvRows>(
         t0 = t1;
     }
 
+    if let Some(slot) = partial {
+        // SAFETY: the slot is this task's own, `rows × (hd + 2)` floats of
+        // the caller's partials, sized for every slot of the call.
+        let state = &scratch[rows * KV_TILE..rows * (KV_TILE + hd + 2)];
+        unsafe { std::ptr::copy_nonoverlapping(state.as_ptr(), slot.get(), state.len()) };
+        return;
+    }
     for r in 0..rows {
         let o = &mut acc[r * hd..(r + 1) * hd];
         let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
         simd::scale(o, inv);
         // SAFETY: q_row(r) indexes this task's own rows of `out`, which has
-        // the same [batch, heads, q_len, hd] shape as `q` and was
-        // bounds-checked by the caller; no other task writes these rows.
+        // the same shape as `q` and was bounds-checked by the caller; no
+        // other task writes these rows.
         unsafe { std::ptr::copy_nonoverlapping(o.as_ptr(), out.get().add(q_row(r)), hd) };
     }
 }
