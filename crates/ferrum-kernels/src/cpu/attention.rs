@@ -46,12 +46,6 @@ pub(crate) fn reserve_scratch() {
     });
 }
 
-/// Head shapes of one call, fixed for all tasks.
-struct Dims {
-    hd: usize,
-    group: usize,
-}
-
 /// Where row `j` of KV head `kvh` of one sequence starts in K and V.
 trait KvRows: Sync {
     fn row(&self, kvh: usize, j: usize) -> usize;
@@ -289,16 +283,13 @@ fn attend<R: KvRows, S: Fn(usize) -> Seq<R> + Sync>(
     seq: S,
 ) {
     let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-    let d = Dims {
-        hd,
-        group: nh / nkv,
-    };
+    let group = nh / nkv;
     let threads = rayon::current_num_threads();
     let cut = |s: &Seq<R>| Cut::new(s, cfg, n * nkv, threads);
     // Partial slots, one per task of a split sequence; the scratch is sized
     // for the most splits any single query can take, so that it stops
     // growing once the batch has been seen.
-    let slot_len = d.group * (hd + 2);
+    let slot_len = group * (hd + 2);
     let (mut tasks, mut most_slots) = (0, 0);
     for i in 0..n {
         let s = seq(i);
@@ -336,7 +327,7 @@ fn attend<R: KvRows, S: Fn(usize) -> Seq<R> + Sync>(
                         .then(|| SyncPtr(part_ptr.get().wrapping_add((slot + t) * slot_len))),
                 };
                 SCRATCH.with(|scratch| {
-                    attend_block(&d, cfg, q, k, v, &s, out_ptr, at, &mut scratch.borrow_mut());
+                    attend_block(cfg, q, k, v, &s, out_ptr, at, &mut scratch.borrow_mut());
                 });
                 return;
             }
@@ -354,10 +345,10 @@ fn attend<R: KvRows, S: Fn(usize) -> Seq<R> + Sync>(
                 continue;
             }
             for h in 0..nh {
-                let first = slot + (h / d.group) * c.splits;
+                let first = slot + (h / group) * c.splits;
                 let slots = &partials[first * slot_len..(first + c.splits) * slot_len];
                 let o = &mut out[s.offset + h * hd..s.offset + (h + 1) * hd];
-                merge(o, slots, h % d.group, d.group, hd);
+                merge(o, slots, h % group, group, hd);
             }
             slot += c.tasks(nkv);
         }
@@ -437,7 +428,6 @@ fn key_range(cfg: &AttnConfig, kv_len: usize, p: usize) -> (usize, usize) {
 
 #[allow(clippy::too_many_arguments)]
 fn attend_block<R: KvRows>(
-    d: &Dims,
     cfg: &AttnConfig,
     q: &[f32],
     k: &[f32],
@@ -454,7 +444,7 @@ fn attend_block<R: KvRows>(
         keys,
         partial,
     } = at;
-    let (hd, group) = (d.hd, d.group);
+    let (hd, group) = (cfg.head_dim, cfg.num_heads / cfg.num_kv_heads);
     let rows = nq * group;
     let need = rows * (KV_TILE + hd + 2);
     if scratch.len() < need {
