@@ -8,7 +8,7 @@ use ferrum_engine::Speculation;
 use ferrum_formats::gguf::GgufFile;
 use ferrum_models::llama::LlamaModel;
 use ferrum_models::DecoderOnlyLLM;
-use ferrum_models::KvPoolConfig;
+use ferrum_models::{KvDtype, KvPoolConfig};
 use ferrum_tokenizer::Tokenizer;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -185,6 +185,8 @@ pub struct KvArgs {
     /// Do not keep and share KV blocks of earlier prompts.
     #[arg(long)]
     pub no_prefix_caching: bool,
+    #[command(flatten)]
+    pub dtype: KvDtypeArg,
 }
 
 impl KvArgs {
@@ -193,6 +195,27 @@ impl KvArgs {
             tokens: self.kv_cache_tokens.unwrap_or(0),
             block_size: self.block_size.unwrap_or(0),
             prefix_caching: !self.no_prefix_caching,
+            dtype: self.dtype.kv_cache_dtype,
+        }
+    }
+}
+
+/// The KV cache's element type, for every command that loads a model to
+/// generate or score with.
+#[derive(clap::Args, Clone, Debug)]
+pub struct KvDtypeArg {
+    /// What the KV cache stores: f16 (half the memory and the bytes read
+    /// per token at long context) or f32. CUDA keeps f32 either way.
+    #[arg(long, env = "FERRUM_KV_CACHE_DTYPE", default_value = "f16")]
+    pub kv_cache_dtype: KvDtype,
+}
+
+impl KvDtypeArg {
+    /// The default pool with this dtype.
+    pub fn pool(&self) -> KvPoolConfig {
+        KvPoolConfig {
+            dtype: self.kv_cache_dtype,
+            ..KvPoolConfig::default()
         }
     }
 }

@@ -300,6 +300,20 @@ fn bench_rejects_bad_presets_and_devices() {
 }
 
 #[test]
+fn unknown_kv_cache_dtypes_are_named_in_the_error() {
+    let by_flag = ferrum(&["bench", "--kv-cache-dtype", "f8"]);
+    let by_env = ferrum_env(&["bench"], &[("FERRUM_KV_CACHE_DTYPE", "q4")]);
+    for (out, bad) in [(by_flag, "f8"), (by_env, "q4")] {
+        assert!(!out.status.success(), "{bad} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("unknown KV cache dtype '{bad}'")) && err.contains("f16 or f32"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn embed_prints_one_unit_vector_per_input() {
     let Some(m) = model("all-MiniLM-L6-v2") else {
         return;

@@ -12,8 +12,8 @@ mod paged;
 pub mod quant;
 
 pub use backend::{
-    pack_bytes, packed_bytes, AttnConfig, AttnSegment, Backend, GgufQuantType, KvCache, PagedKv,
-    QuantKind, QuantWeights, ReduceOp,
+    pack_bytes, packed_bytes, AttnConfig, AttnSegment, Backend, GgufQuantType, KvCache, KvDtype,
+    PagedKv, QuantKind, QuantWeights, ReduceOp,
 };
 pub use cpu::{CpuBackend, CpuBuffer, CpuGptqWeight};
 #[cfg(feature = "cuda")]

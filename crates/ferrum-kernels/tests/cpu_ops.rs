@@ -12,9 +12,10 @@
 #![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
 
 use ferrum_kernels::{
-    copy_append, gather_attention, AttnConfig, AttnSegment, Backend, CpuBackend, KvCache, PagedKv,
-    QuantKind, QuantWeights, ReduceOp,
+    copy_append, gather_attention, AttnConfig, AttnSegment, Backend, CpuBackend, KvCache, KvDtype,
+    PagedKv, QuantKind, QuantWeights, ReduceOp,
 };
+use half::f16;
 use proptest::prelude::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -349,11 +350,19 @@ fn shuffled_ids(n: usize, rng: &mut StdRng) -> Vec<u32> {
     ids
 }
 
+/// `x` rounded to f16 and back: what an f16 KV pool holds.
+fn to_f16(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| f16::from_f32(v).to_f32()).collect()
+}
+
 /// Paged attention: K/V appended in uneven chunks into a shuffled block
-/// table, then attended over; the CPU kernels and the generic
-/// gather/copy path (what GPU backends run) must agree with the reference.
+/// table of `dtype` pools, then attended over; the CPU kernels and the
+/// generic gather/copy path (what GPU backends run) must agree with the
+/// reference on the values the pools hold (f16 pools: K/V rounded to f16,
+/// so the tolerance is the f32 one).
 #[allow(clippy::too_many_arguments)]
 fn check_paged_attention(
+    dtype: KvDtype,
     nkv: usize,
     group: usize,
     hd: usize,
@@ -380,8 +389,8 @@ fn check_paged_attention(
         block_size: bs,
     };
     let pool = nblocks * pages.block_len(nkv, hd);
-    let (mut kp, mut vp) = (B::alloc(pool), B::alloc(pool));
-    let (mut kg, mut vg) = (B::alloc(pool), B::alloc(pool));
+    let (mut kp, mut vp) = (B::alloc_kv(pool, dtype), B::alloc_kv(pool, dtype));
+    let (mut kg, mut vg) = (B::alloc_kv(pool, dtype), B::alloc_kv(pool, dtype));
     let mut pos = 0;
     while pos < kv_len {
         let n = rng.random_range(1..=2 * bs).min(kv_len - pos);
@@ -398,6 +407,19 @@ fn check_paged_attention(
     }
     assert_eq!(&kp[..], &kg[..], "paged_kv_append vs copy_append (K)");
     assert_eq!(&vp[..], &vg[..], "paged_kv_append vs copy_append (V)");
+    let (k, v) = match dtype {
+        KvDtype::F32 => (k, v),
+        KvDtype::F16 => (to_f16(&k), to_f16(&v)),
+    };
+    // What the pool holds, read back through copy_slice (which widens).
+    for h in 0..nkv {
+        for p in 0..kv_len {
+            let mut row = B::alloc(hd);
+            B::copy_slice(&mut (), &kp, pages.offset(p, h, nkv, hd), &mut row, 0, hd);
+            let want = &k[(h * kv_len + p) * hd..][..hd];
+            assert_eq!(&row[..], want, "{dtype} pool row {p} of head {h}");
+        }
+    }
     let off = kv_len - q_len;
     let want = ref_attention(&q, &k, &v, 1, q_len, kv_len, off, &cfg);
     let n = nh * q_len * hd;
@@ -415,8 +437,9 @@ fn check_paged_attention(
         off,
         &cfg,
     );
-    let what =
-        format!("paged attention kv{nkv}x{group} hd{hd} bs{bs} kv{kv_len} q{q_len} w{window}");
+    let what = format!(
+        "{dtype} paged attention kv{nkv}x{group} hd{hd} bs{bs} kv{kv_len} q{q_len} w{window}"
+    );
     assert_close(&what, &B::to_vec(&out, n), &want, |_| 1e-5 * vmax);
     let mut out = B::from_slice(&vec![f32::NAN; n]);
     gather_attention::<B>(
@@ -451,15 +474,19 @@ fn paged_attention_matches_contiguous_reference() {
             (1, 9, 3),
         ] {
             for window in [0, 5] {
-                seed += 1;
-                check_paged_attention(nkv, group, hd, bs, kv_len, q_len, window, seed);
+                for dtype in [KvDtype::F32, KvDtype::F16] {
+                    seed += 1;
+                    check_paged_attention(dtype, nkv, group, hd, bs, kv_len, q_len, window, seed);
+                }
             }
         }
     }
     // Decode steps at long context, split into key chunks.
     for (kv_len, window) in [(513, 0), (3000, 0), (3000, 700), (4200, 1)] {
-        seed += 1;
-        check_paged_attention(1, 3, 64, 16, kv_len, 1, window, seed);
+        for dtype in [KvDtype::F32, KvDtype::F16] {
+            seed += 1;
+            check_paged_attention(dtype, 1, 3, 64, 16, kv_len, 1, window, seed);
+        }
     }
 }
 
@@ -469,6 +496,11 @@ fn paged_attention_matches_contiguous_reference() {
 /// the test above checks against the reference.
 #[test]
 fn segmented_paged_attention_equals_one_call_per_sequence() {
+    check_segmented(KvDtype::F32);
+    check_segmented(KvDtype::F16);
+}
+
+fn check_segmented(dtype: KvDtype) {
     let mut rng = StdRng::seed_from_u64(77);
     let (nkv, group, hd, bs): (usize, usize, usize, usize) = (3, 2, 32, 4);
     let nh = nkv * group;
@@ -483,8 +515,13 @@ fn segmented_paged_attention_equals_one_call_per_sequence() {
         tables.push(std::mem::replace(&mut ids, rest));
     }
     let block_len = nkv * bs * hd;
-    let kp = buf(&rand_vec(&mut rng, nblocks * block_len));
-    let vp = buf(&rand_vec(&mut rng, nblocks * block_len));
+    let pool = |rng: &mut StdRng| {
+        let mut p = B::alloc_kv(nblocks * block_len, dtype);
+        let x = buf(&rand_vec(rng, nblocks * block_len));
+        B::copy_slice(&mut (), &x, 0, &mut p, 0, x.len());
+        p
+    };
+    let (kp, vp) = (pool(&mut rng), pool(&mut rng));
     let rows: usize = seqs.iter().map(|&(q, _)| q).sum();
     let q = rand_vec(&mut rng, rows * nh * hd);
     let mut segs = Vec::new();
@@ -523,7 +560,7 @@ fn segmented_paged_attention_equals_one_call_per_sequence() {
     }
     let mut out = B::from_slice(&vec![f32::NAN; offset]);
     B::paged_attention_segments(&mut (), &buf(&q), &kp, &vp, &segs, &mut out, &cfg);
-    assert_eq!(B::to_vec(&out, offset), want);
+    assert_eq!(B::to_vec(&out, offset), want, "{dtype}");
 }
 
 // ── Norms ───────────────────────────────────────────────────────────────────

@@ -6,6 +6,7 @@ pub mod llama;
 mod llm;
 pub mod rope;
 
+pub use ferrum_kernels::KvDtype;
 pub use ferrum_kv::KvUsage;
 pub use llm::{
     kv_capacity_from_env, DecoderOnlyLLM, KvPoolConfig, LlmRuntimeConfig, KV_CACHE_TOKENS_ENV,

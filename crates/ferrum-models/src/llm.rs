@@ -1,6 +1,7 @@
 //! `DecoderOnlyLLM`: what the engine needs from any decoder-only language
 //! model, independent of backend and weight format.
 
+use ferrum_kernels::KvDtype;
 use ferrum_kv::KvUsage;
 use ferrum_types::{FerrumError, Result};
 
@@ -51,6 +52,9 @@ pub struct KvPoolConfig {
     pub block_size: usize,
     /// Keep and share full blocks of earlier prompts.
     pub prefix_caching: bool,
+    /// What the pool stores (see [`KvDtype`]); backends whose kernels read
+    /// f32 only keep f32.
+    pub dtype: KvDtype,
 }
 
 impl Default for KvPoolConfig {
@@ -59,6 +63,7 @@ impl Default for KvPoolConfig {
             tokens: 0,
             block_size: 0,
             prefix_caching: true,
+            dtype: KvDtype::default(),
         }
     }
 }

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use ferrum_kernels::{CpuBackend, CudaBackend};
 use ferrum_models::llama::LlamaModel;
-use ferrum_models::DecoderOnlyLLM;
+use ferrum_models::{DecoderOnlyLLM, KvDtype, KvPoolConfig};
 use serde_json::Value;
 
 fn fixtures() -> PathBuf {
@@ -66,7 +66,12 @@ fn gpu_models_match_cpu_and_transformers() {
             .iter()
             .map(|v| v.as_u64().unwrap() as u32)
             .collect();
-        let mut cpu = LlamaModel::<CpuBackend>::from_hf_dir(&dir).unwrap();
+        // The CPU with an f32 KV cache, as CUDA keeps.
+        let f32_kv = KvPoolConfig {
+            dtype: KvDtype::F32,
+            ..KvPoolConfig::default()
+        };
+        let mut cpu = LlamaModel::<CpuBackend>::from_hf_dir_with(&dir, &f32_kv).unwrap();
         let mut gpu = LlamaModel::<CudaBackend>::from_hf_dir(&dir).unwrap();
         let c = cpu.prefill("s", &ids);
         let mut g = gpu.prefill("s", &ids);

@@ -16,7 +16,7 @@ use ferrum_kernels::GgufQuantType;
 use ferrum_models::llama::LlamaModel;
 use ferrum_types::GgmlType;
 
-use crate::model_files::{on_device, resolve, Device, ModelFiles, DEFAULT_MODEL};
+use crate::model_files::{on_device, resolve, Device, KvDtypeArg, ModelFiles, DEFAULT_MODEL};
 
 #[derive(Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -57,6 +57,8 @@ pub struct BenchArgs {
     /// Print {"pp_tok_s","tg_tok_s","pp_std","tg_std"[,"batch","batch_tok_s","batch_std"]} as the last line.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    kv: KvDtypeArg,
 }
 
 #[derive(clap::Subcommand)]
@@ -191,10 +193,7 @@ fn measure_all(args: BenchArgs) -> Result<()> {
             let name = path
                 .file_name()
                 .map_or_else(|| args.model.clone(), |n| n.to_string_lossy().into_owned());
-            (
-                name,
-                files.load_llm(args.device, &ferrum_models::KvPoolConfig::default())?,
-            )
+            (name, files.load_llm(args.device, &args.kv.pool())?)
         }
     };
     let vocab = model.config().vocab_size;

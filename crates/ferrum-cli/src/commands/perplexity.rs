@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::model_files::{resolve, Device, ModelFiles};
+use crate::model_files::{resolve, Device, KvDtypeArg, ModelFiles};
 
 #[derive(Args)]
 pub struct PerplexityArgs {
@@ -32,6 +32,8 @@ pub struct PerplexityArgs {
     /// Print {"ppl":..,"chunks":..,"tokens":..} as the last line.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    kv: KvDtypeArg,
 }
 
 pub fn run(args: PerplexityArgs) -> Result<()> {
@@ -43,7 +45,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
     let tokens = tok.encode(&text, true, false)?;
-    let mut model = files.load_llm(args.device, &ferrum_models::KvPoolConfig::default())?;
+    let mut model = files.load_llm(args.device, &args.kv.pool())?;
     if args.ctx > model.kv_capacity() {
         bail!(
             "--ctx {} exceeds the KV capacity {} (set FERRUM_KV_CAPACITY)",

@@ -1,6 +1,6 @@
 //! Pure data movement: splits, transposes, cache appends, lookups.
 
-use super::rows_mut;
+use super::{rows_mut, simd::Elem};
 use crate::PagedKv;
 
 pub(crate) fn split_qkv(
@@ -46,25 +46,22 @@ pub(crate) fn kv_cache_append_head_major(
 }
 
 /// Head-major new rows into a paged pool, one copy per token and head (a
-/// decode step writes one row per head).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn paged_kv_append(
-    k_pool: &mut [f32],
-    v_pool: &mut [f32],
-    pages: &PagedKv,
-    pos: usize,
+/// decode step writes one row per head), rounded to the pool's type.
+/// `rows` is `(pages, pos, new_tokens, nkv, hd)`: positions
+/// `pos..pos + new_tokens` of each of `nkv` heads of `hd` values.
+pub(crate) fn paged_kv_append<T: Elem>(
+    k_pool: &mut [T],
+    v_pool: &mut [T],
     new_k: &[f32],
     new_v: &[f32],
-    n: usize,
-    nkv: usize,
-    hd: usize,
+    (pages, pos, n, nkv, hd): (&PagedKv, usize, usize, usize, usize),
 ) {
     for h in 0..nkv {
         for t in 0..n {
             let dst = pages.offset(pos + t, h, nkv, hd);
             let src = (h * n + t) * hd;
-            k_pool[dst..dst + hd].copy_from_slice(&new_k[src..src + hd]);
-            v_pool[dst..dst + hd].copy_from_slice(&new_v[src..src + hd]);
+            T::narrow_from(&mut k_pool[dst..dst + hd], &new_k[src..src + hd]);
+            T::narrow_from(&mut v_pool[dst..dst + hd], &new_v[src..src + hd]);
         }
     }
 }

@@ -36,12 +36,15 @@ pub(crate) mod simd;
 use std::ops::{Deref, DerefMut};
 
 use ferrum_types::{FerrumError, Result};
+use half::f16;
 use rayon::prelude::*;
+use simd::Elem;
 
 pub use gptq::CpuGptqWeight;
 
 use crate::{
-    packed_bytes, AttnConfig, AttnSegment, Backend, GgufQuantType, PagedKv, QuantKind, QuantWeights,
+    packed_bytes, AttnConfig, AttnSegment, Backend, GgufQuantType, KvDtype, PagedKv, QuantKind,
+    QuantWeights,
 };
 
 /// Element-wise work below this many values stays on the calling thread:
@@ -135,11 +138,14 @@ pub fn on_pool<R: Send>(
 ///
 /// Weights from [`Backend::load_gguf`] may hold blocks in the interleaved
 /// layout of the CPU kernels instead (`interleaved` names their type), so
-/// that `gemm_quant` never reads one layout as the other.
+/// that `gemm_quant` never reads one layout as the other. A KV pool from
+/// [`Backend::alloc_kv`] may hold f16 values two to a word (`half`); the
+/// paged ops and `copy_slice` then count f16 values.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CpuBuffer {
     data: Vec<f32>,
     interleaved: Option<ferrum_types::GgmlType>,
+    half: bool,
 }
 
 impl CpuBuffer {
@@ -148,12 +154,30 @@ impl CpuBuffer {
         Self {
             data,
             interleaved: None,
+            half: false,
         }
     }
 
     /// Gives the values back.
     pub fn into_vec(self) -> Vec<f32> {
         self.data
+    }
+
+    /// The values of an f16 buffer.
+    fn halves(&self) -> &[f16] {
+        debug_assert!(self.half);
+        // SAFETY: `f16` is a `repr(transparent)` u16, so any bits are a
+        // value, its alignment (2) divides f32's, and the words' bytes are
+        // exactly `2 × len` of them.
+        unsafe { std::slice::from_raw_parts(self.data.as_ptr().cast(), 2 * self.data.len()) }
+    }
+
+    fn halves_mut(&mut self) -> &mut [f16] {
+        debug_assert!(self.half);
+        // SAFETY: as in `halves`; the borrow is unique.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.data.as_mut_ptr().cast(), 2 * self.data.len())
+        }
     }
 }
 
@@ -303,7 +327,7 @@ impl Backend for CpuBackend {
     }
 
     fn paged_attention(
-        _ctx: &mut Self::Context,
+        ctx: &mut Self::Context,
         q: &Self::Buffer,
         k_pool: &Self::Buffer,
         v_pool: &Self::Buffer,
@@ -314,9 +338,14 @@ impl Backend for CpuBackend {
         pos_offset: usize,
         cfg: &AttnConfig,
     ) {
-        attention::paged_attention(
-            q, k_pool, v_pool, pages, out, q_len, kv_len, pos_offset, cfg,
-        );
+        let seg = AttnSegment {
+            pages: *pages,
+            offset: 0,
+            q_len,
+            kv_len,
+            pos_offset,
+        };
+        Self::paged_attention_segments(ctx, q, k_pool, v_pool, &[seg], out, cfg);
     }
 
     const SEGMENTED_ATTENTION: bool = true;
@@ -330,7 +359,16 @@ impl Backend for CpuBackend {
         out: &mut Self::Buffer,
         cfg: &AttnConfig,
     ) {
-        attention::paged_attention_segments(q, k_pool, v_pool, segs, out, cfg);
+        match (k_pool.half, v_pool.half) {
+            (false, false) => {
+                attention::paged_attention_segments(q, k_pool, v_pool, segs, out, cfg)
+            }
+            (true, true) => {
+                let (k, v) = (k_pool.halves(), v_pool.halves());
+                attention::paged_attention_segments(q, k, v, segs, out, cfg)
+            }
+            _ => panic!("paged attention: K and V pools of different dtypes"),
+        }
     }
 
     fn paged_kv_append(
@@ -345,17 +383,16 @@ impl Backend for CpuBackend {
         nkv: usize,
         hd: usize,
     ) {
-        layout::paged_kv_append(
-            k_pool,
-            v_pool,
-            pages,
-            pos,
-            new_k_head_major,
-            new_v_head_major,
-            new_tokens,
-            nkv,
-            hd,
-        );
+        let (new_k, new_v) = (&new_k_head_major[..], &new_v_head_major[..]);
+        let rows = (pages, pos, new_tokens, nkv, hd);
+        match (k_pool.half, v_pool.half) {
+            (false, false) => layout::paged_kv_append(k_pool, v_pool, new_k, new_v, rows),
+            (true, true) => {
+                let (k, v) = (k_pool.halves_mut(), v_pool.halves_mut());
+                layout::paged_kv_append(k, v, new_k, new_v, rows)
+            }
+            _ => panic!("paged_kv_append: K and V pools of different dtypes"),
+        }
     }
 
     fn copy_slice(
@@ -366,7 +403,13 @@ impl Backend for CpuBackend {
         dst_offset: usize,
         len: usize,
     ) {
-        dst[dst_offset..dst_offset + len].copy_from_slice(&src[src_offset..src_offset + len]);
+        let (s, d) = (src_offset..src_offset + len, dst_offset..dst_offset + len);
+        match (src.half, dst.half) {
+            (false, false) => dst[d].copy_from_slice(&src[s]),
+            (true, true) => dst.halves_mut()[d].copy_from_slice(&src.halves()[s]),
+            (true, false) => f16::widen_into(&src.halves()[s], &mut dst[d]),
+            (false, true) => f16::narrow_from(&mut dst.halves_mut()[d], &src[s]),
+        }
     }
 
     fn embedding_lookup(
@@ -507,6 +550,18 @@ impl Backend for CpuBackend {
         CpuBuffer::from_vec(vec![0.0; len])
     }
 
+    /// f16 pools hold two values per word; the paged kernels widen rows as
+    /// they read them.
+    fn alloc_kv(len: usize, dtype: KvDtype) -> Self::Buffer {
+        match dtype {
+            KvDtype::F32 => Self::alloc(len),
+            KvDtype::F16 => CpuBuffer {
+                half: true,
+                ..CpuBuffer::from_vec(vec![0.0; len.div_ceil(2)])
+            },
+        }
+    }
+
     fn to_vec(buf: &Self::Buffer, len: usize) -> Vec<f32> {
         buf[..len].to_vec()
     }
@@ -542,8 +597,8 @@ impl Backend for CpuBackend {
         }
         if interleaved::supports(ty) {
             Ok(CpuBuffer {
-                data: interleaved::repack(bytes, ty, n, k)?,
                 interleaved: Some(ty),
+                ..CpuBuffer::from_vec(interleaved::repack(bytes, ty, n, k)?)
             })
         } else {
             Ok(CpuBuffer::from_vec(crate::pack_bytes(bytes)))

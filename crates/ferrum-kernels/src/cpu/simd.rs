@@ -6,12 +6,15 @@
 //! versions use the same polynomial approximations as the vector ones, so a
 //! model gives the same output on every x86-64 machine within rounding.
 
-/// True when the running CPU has AVX2 and FMA.
+/// True when the running CPU has AVX2, FMA and F16C (every AVX2 CPU made
+/// has F16C, which widens half-precision KV rows).
 #[inline]
 pub(crate) fn has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -23,17 +26,92 @@ pub(crate) fn has_avx2() -> bool {
 /// the cache. The quantized kernels walk each task's weights front to back,
 /// but the hardware prefetchers of the VMs measured did not keep up with
 /// that stream: SmolLM2's tg128 went from 160 to 217 tok/s with this
-/// (distances of 1 to 8 KB were within the noise of each other). A hint
-/// past the end of the weights is harmless: prefetches never fault.
+/// (distances of 1 to 8 KB were within the noise of each other).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn prefetch_ahead(p: *const u8, len: usize) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
     const AHEAD: usize = 2048;
+    prefetch(p.wrapping_add(AHEAD), len);
+}
+
+/// Asks for the `len` bytes at `p` to be brought into the cache. A hint
+/// past the end of a buffer is harmless: prefetches never fault.
+#[inline(always)]
+pub(crate) fn prefetch(p: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
     for line in (0..len).step_by(64) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
         // SAFETY: SSE is part of x86-64; a prefetch reads nothing and
         // cannot fault, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD + line).cast()) };
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line).cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, len);
+}
+
+/// What the row-gathering kernels ([`dot`], [`dot_many`], [`axpy_many`])
+/// read their rows as: f32, or f16 for a half-precision KV pool, widened to
+/// f32 as it is loaded so that all arithmetic stays in f32.
+pub(crate) trait Elem: Copy + Send + Sync + 'static {
+    fn widen(self) -> f32;
+
+    /// `dst[i] = src[i]`, rounded to nearest (even) where `Self` is narrower.
+    fn narrow_from(dst: &mut [Self], src: &[f32]);
+
+    /// `dst[i] = src[i]` as f32.
+    fn widen_into(src: &[Self], dst: &mut [f32]);
+
+    /// Eight values at `p` as f32 lanes.
+    ///
+    /// # Safety
+    /// Eight values must be readable at `p`, and the CPU must have AVX2
+    /// and F16C ([`has_avx2`]).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+
+    fn narrow_from(dst: &mut [Self], src: &[f32]) {
+        dst.copy_from_slice(src);
+    }
+
+    fn widen_into(src: &[Self], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_loadu_ps(p)
+    }
+}
+
+impl Elem for half::f16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+
+    fn narrow_from(dst: &mut [Self], src: &[f32]) {
+        use half::slice::HalfFloatSliceExt;
+        dst.convert_from_f32_slice(src);
+    }
+
+    fn widen_into(src: &[Self], dst: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        src.convert_to_f32_slice(dst);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::{_mm256_cvtph_ps, _mm_loadu_si128};
+        _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
     }
 }
 
@@ -52,7 +130,7 @@ macro_rules! dispatch {
 
 /// `Σ a[i]·b[i]` over `a.len()` elements (`b` must be at least as long).
 #[inline]
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot<T: Elem>(a: &[f32], b: &[T]) -> f32 {
     let b = &b[..a.len()];
     dispatch!(dot(a, b))
 }
@@ -79,7 +157,7 @@ pub(crate) fn scale_mul(out: &mut [f32], x: &[f32], s: f32, w: &[f32]) {
 /// `out[j] = s · (q · x[rows[j]..rows[j] + q.len()])`: an attention tile's
 /// scores, one dispatch for the tile instead of one per key.
 #[inline]
-pub(crate) fn dot_many(q: &[f32], x: &[f32], rows: &[usize], s: f32, out: &mut [f32]) {
+pub(crate) fn dot_many<T: Elem>(q: &[f32], x: &[T], rows: &[usize], s: f32, out: &mut [f32]) {
     let out = &mut out[..rows.len()];
     assert!(rows.iter().all(|&r| r + q.len() <= x.len()));
     dispatch!(dot_many(q, x, rows, s, out))
@@ -90,7 +168,7 @@ pub(crate) fn dot_many(q: &[f32], x: &[f32], rows: &[usize], s: f32, out: &mut [
 /// row: scalar and vector paths round alike), with `y` held in
 /// registers across the rows rather than loaded and stored per row.
 #[inline]
-pub(crate) fn axpy_many(y: &mut [f32], p: &[f32], x: &[f32], rows: &[usize]) {
+pub(crate) fn axpy_many<T: Elem>(y: &mut [f32], p: &[f32], x: &[T], rows: &[usize]) {
     let p = &p[..rows.len()];
     assert!(rows.iter().all(|&r| r + y.len() <= x.len()));
     dispatch!(axpy_many(y, p, x, rows))
@@ -171,20 +249,20 @@ mod erf_consts {
 }
 
 pub(crate) mod scalar {
-    use super::{erf_consts, exp_consts as e};
+    use super::{erf_consts, exp_consts as e, Elem};
 
-    pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    pub fn dot<T: Elem>(a: &[f32], b: &[T]) -> f32 {
         // Eight partial sums, like the vector path, to keep rounding similar.
         let mut acc = [0f32; 8];
         let chunks = a.len() / 8;
         for c in 0..chunks {
             for l in 0..8 {
-                acc[l] = a[c * 8 + l].mul_add(b[c * 8 + l], acc[l]);
+                acc[l] = a[c * 8 + l].mul_add(b[c * 8 + l].widen(), acc[l]);
             }
         }
         let mut s: f32 = acc.iter().sum();
         for i in chunks * 8..a.len() {
-            s = a[i].mul_add(b[i], s);
+            s = a[i].mul_add(b[i].widen(), s);
         }
         s
     }
@@ -203,19 +281,19 @@ pub(crate) mod scalar {
         }
     }
 
-    pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    pub fn axpy<T: Elem>(y: &mut [f32], a: f32, x: &[T]) {
         for (y, &x) in y.iter_mut().zip(x) {
-            *y = a.mul_add(x, *y);
+            *y = a.mul_add(x.widen(), *y);
         }
     }
 
-    pub fn dot_many(q: &[f32], x: &[f32], rows: &[usize], s: f32, out: &mut [f32]) {
+    pub fn dot_many<T: Elem>(q: &[f32], x: &[T], rows: &[usize], s: f32, out: &mut [f32]) {
         for (o, &r) in out.iter_mut().zip(rows) {
             *o = s * dot(q, &x[r..r + q.len()]);
         }
     }
 
-    pub fn axpy_many(y: &mut [f32], p: &[f32], x: &[f32], rows: &[usize]) {
+    pub fn axpy_many<T: Elem>(y: &mut [f32], p: &[f32], x: &[T], rows: &[usize]) {
         let n = y.len();
         for (&a, &r) in p.iter().zip(rows) {
             axpy(y, a, &x[r..r + n]);
@@ -295,11 +373,11 @@ pub(crate) mod avx2 {
     //! AVX2 + FMA implementations. Every function requires both features;
     //! callers check [`super::has_avx2`] first.
 
-    use super::{erf_consts, exp_consts as e, scalar};
+    use super::{erf_consts, exp_consts as e, scalar, Elem};
     use std::arch::x86_64::*;
 
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn hsum(v: __m256) -> f32 {
         let lo = _mm256_castps256_ps128(v);
         let hi = _mm256_extractf128_ps(v, 1);
@@ -309,54 +387,39 @@ pub(crate) mod avx2 {
         _mm_cvtss_f32(s)
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot<T: Elem>(a: &[f32], b: &[T]) -> f32 {
         let n = a.len();
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
-        let mut acc0 = _mm256_setzero_ps();
-        let mut acc1 = _mm256_setzero_ps();
-        let mut acc2 = _mm256_setzero_ps();
-        let mut acc3 = _mm256_setzero_ps();
+        let mut acc = [_mm256_setzero_ps(); 4];
         let mut i = 0;
         // SAFETY (all loads): i + width <= n = a.len() <= b.len().
         while i + 32 <= n {
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
-            acc1 = _mm256_fmadd_ps(
-                _mm256_loadu_ps(pa.add(i + 8)),
-                _mm256_loadu_ps(pb.add(i + 8)),
-                acc1,
-            );
-            acc2 = _mm256_fmadd_ps(
-                _mm256_loadu_ps(pa.add(i + 16)),
-                _mm256_loadu_ps(pb.add(i + 16)),
-                acc2,
-            );
-            acc3 = _mm256_fmadd_ps(
-                _mm256_loadu_ps(pa.add(i + 24)),
-                _mm256_loadu_ps(pb.add(i + 24)),
-                acc3,
-            );
+            for (w, acc) in acc.iter_mut().enumerate() {
+                let at = i + 8 * w;
+                *acc = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(at)), T::load8(pb.add(at)), *acc);
+            }
             i += 32;
         }
         while i + 8 <= n {
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
+            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), T::load8(pb.add(i)), acc[0]);
             i += 8;
         }
-        let acc = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
+        let acc = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
         let mut s = hsum(acc);
         while i < n {
-            s = (*pa.add(i)).mul_add(*pb.add(i), s);
+            s = (*pa.add(i)).mul_add((*pb.add(i)).widen(), s);
             i += 1;
         }
         s
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn sum_sq(x: &[f32]) -> f32 {
         dot(x, x)
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn sum(x: &[f32]) -> f32 {
         let n = x.len();
         let p = x.as_ptr();
@@ -369,7 +432,7 @@ pub(crate) mod avx2 {
         hsum(acc) + scalar::sum(&x[i..])
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn scale_mul(out: &mut [f32], x: &[f32], s: f32, w: &[f32]) {
         let n = out.len();
         let vs = _mm256_set1_ps(s);
@@ -387,18 +450,18 @@ pub(crate) mod avx2 {
     /// time when `q.len()` is a multiple of 8: eight independent FMA chains
     /// sharing each load of `q`, and one reduction tree for all eight sums
     /// instead of a horizontal sum per row.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_many(q: &[f32], x: &[f32], rows: &[usize], s: f32, out: &mut [f32]) {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_many<T: Elem>(q: &[f32], x: &[T], rows: &[usize], s: f32, out: &mut [f32]) {
         let n = q.len();
         let mut j = 0;
         if n.is_multiple_of(8) {
             while j + 8 <= rows.len() {
-                let r: [*const f32; 8] = std::array::from_fn(|t| x.as_ptr().add(rows[j + t]));
+                let r: [*const T; 8] = std::array::from_fn(|t| x.as_ptr().add(rows[j + t]));
                 let mut acc = [_mm256_setzero_ps(); 8];
                 for c in (0..n).step_by(8) {
                     let qv = _mm256_loadu_ps(q.as_ptr().add(c));
                     for (acc, r) in acc.iter_mut().zip(r) {
-                        *acc = _mm256_fmadd_ps(qv, _mm256_loadu_ps(r.add(c)), *acc);
+                        *acc = _mm256_fmadd_ps(qv, T::load8(r.add(c)), *acc);
                     }
                 }
                 let h = |a: usize| _mm256_hadd_ps(acc[a], acc[a + 1]);
@@ -421,31 +484,38 @@ pub(crate) mod avx2 {
 
     /// Callers check every `rows[j] + y.len() <= x.len()`. `y` goes in
     /// chunks of 64 floats (eight registers), each loaded and stored once.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn axpy_many(y: &mut [f32], p: &[f32], x: &[f32], rows: &[usize]) {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy_many<T: Elem>(y: &mut [f32], p: &[f32], x: &[T], rows: &[usize]) {
         let n = y.len();
         let mut c = 0;
         while c + 64 <= n {
-            axpy_many_w::<8>(y.as_mut_ptr().add(c), p, x.as_ptr().add(c), rows);
+            axpy_many_w::<T, 8>(y.as_mut_ptr().add(c), p, x.as_ptr().add(c), rows);
             c += 64;
         }
         while c + 8 <= n {
-            axpy_many_w::<1>(y.as_mut_ptr().add(c), p, x.as_ptr().add(c), rows);
+            axpy_many_w::<T, 1>(y.as_mut_ptr().add(c), p, x.as_ptr().add(c), rows);
             c += 8;
         }
-        for (&a, &r) in p.iter().zip(rows) {
-            scalar::axpy(&mut y[c..], a, x.get_unchecked(r + c..r + n));
+        if c < n {
+            for (&a, &r) in p.iter().zip(rows) {
+                scalar::axpy(&mut y[c..], a, x.get_unchecked(r + c..r + n));
+            }
         }
     }
 
     /// `W` vectors of `y` at `y` against the same columns of each row.
     #[inline(always)]
-    unsafe fn axpy_many_w<const W: usize>(y: *mut f32, p: &[f32], x: *const f32, rows: &[usize]) {
+    unsafe fn axpy_many_w<T: Elem, const W: usize>(
+        y: *mut f32,
+        p: &[f32],
+        x: *const T,
+        rows: &[usize],
+    ) {
         let mut acc: [__m256; W] = std::array::from_fn(|i| _mm256_loadu_ps(y.add(8 * i)));
         for (&a, &r) in p.iter().zip(rows) {
             let (a, xr) = (_mm256_set1_ps(a), x.add(r));
             for (i, acc) in acc.iter_mut().enumerate() {
-                *acc = _mm256_fmadd_ps(a, _mm256_loadu_ps(xr.add(8 * i)), *acc);
+                *acc = _mm256_fmadd_ps(a, T::load8(xr.add(8 * i)), *acc);
             }
         }
         for (i, acc) in acc.iter().enumerate() {
@@ -453,7 +523,7 @@ pub(crate) mod avx2 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn scale(y: &mut [f32], s: f32) {
         let n = y.len();
         let vs = _mm256_set1_ps(s);
@@ -466,7 +536,7 @@ pub(crate) mod avx2 {
         scalar::scale(&mut y[i..], s);
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn add(y: &mut [f32], x: &[f32]) {
         let n = y.len();
         let mut i = 0;
@@ -483,7 +553,7 @@ pub(crate) mod avx2 {
 
     /// Eight-lane `exp`, same reduction and polynomial as [`scalar::exp`].
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn exp8(x: __m256) -> __m256 {
         let x = _mm256_min_ps(
             _mm256_max_ps(x, _mm256_set1_ps(e::LO)),
@@ -511,7 +581,7 @@ pub(crate) mod avx2 {
         _mm256_mul_ps(y, _mm256_castsi256_ps(pow2))
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
         let n = x.len();
         let vm = _mm256_set1_ps(m);
@@ -527,7 +597,7 @@ pub(crate) mod avx2 {
         hsum(acc) + scalar::exp_sub_sum(&mut x[i..], m)
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn silu_mul(out: &mut [f32], g: &[f32], u: &[f32]) {
         let n = out.len();
         let one = _mm256_set1_ps(1.0);
@@ -542,7 +612,7 @@ pub(crate) mod avx2 {
         scalar::silu_mul(&mut out[i..], &g[i..], &u[i..]);
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn gelu_tanh_mul(out: &mut [f32], g: &[f32], u: &[f32]) {
         let n = out.len();
         let one = _mm256_set1_ps(1.0);
@@ -565,7 +635,7 @@ pub(crate) mod avx2 {
         scalar::gelu_tanh_mul(&mut out[i..], &g[i..], &u[i..]);
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn gelu(out: &mut [f32], x: &[f32]) {
         let n = out.len();
         let c = &erf_consts::A;
@@ -757,13 +827,20 @@ mod tests {
 
     /// The attention tile kernels against f64 sums over random rows, and
     /// the two paths against each other bit for bit for `axpy_many` (one
-    /// FMA per row and element on both).
+    /// FMA per row and element on both), on f32 rows and on f16 rows (whose
+    /// values, widened exactly, are the reference's).
     #[test]
     fn many_row_kernels_match_reference() {
+        check_many_rows(|x| x.to_vec());
+        check_many_rows(|x| x.iter().map(|&v| half::f16::from_f32(v)).collect());
+    }
+
+    fn check_many_rows<T: Elem>(rows_of: impl Fn(&[f32]) -> Vec<T>) {
         let mut rng = rand::rngs::StdRng::seed_from_u64(4);
         for n in [1usize, 5, 8, 64, 72, 136] {
             let nrows = 19;
-            let x = rand_vec(&mut rng, 12 * n + 3, 2.0);
+            let xs = rows_of(&rand_vec(&mut rng, 12 * n + 3, 2.0));
+            let x: Vec<f32> = xs.iter().map(|v| v.widen()).collect();
             let rows: Vec<usize> = (0..nrows)
                 .map(|_| rng.random_range(0..=x.len() - n))
                 .collect();
@@ -778,12 +855,12 @@ mod tests {
                 if vec {
                     #[cfg(target_arch = "x86_64")]
                     unsafe {
-                        avx2::axpy_many(&mut y, &p, &x, &rows);
-                        avx2::dot_many(&q, &x, &rows, 0.5, &mut d);
+                        avx2::axpy_many(&mut y, &p, &xs, &rows);
+                        avx2::dot_many(&q, &xs, &rows, 0.5, &mut d);
                     }
                 } else {
-                    scalar::axpy_many(&mut y, &p, &x, &rows);
-                    scalar::dot_many(&q, &x, &rows, 0.5, &mut d);
+                    scalar::axpy_many(&mut y, &p, &xs, &rows);
+                    scalar::dot_many(&q, &xs, &rows, 0.5, &mut d);
                 }
                 for (i, &got) in y.iter().enumerate() {
                     let terms = rows

@@ -1,7 +1,7 @@
 //! The model's KV storage: one paged K and V pool per layer, shared by all
 //! sequences, with a [`BlockManager`] saying which blocks hold what.
 
-use ferrum_kernels::{Backend, PagedKv};
+use ferrum_kernels::{Backend, KvDtype, PagedKv};
 use ferrum_kv::{BlockCopy, BlockManager};
 use ferrum_types::{FerrumError, Result, TensorRef};
 
@@ -13,11 +13,13 @@ pub(super) struct KvStore<B: Backend> {
     pub blocks: BlockManager,
     nkv: usize,
     hd: usize,
+    dtype: KvDtype,
 }
 
 impl<B: Backend> KvStore<B> {
-    /// Pools for `tokens` positions in `cfg.block_size` blocks (0: the
-    /// backend's choice for sequences of `capacity`). On the CPU the pools
+    /// Pools of `cfg.dtype` for `tokens` positions in `cfg.block_size`
+    /// blocks (0: the backend's choice for sequences of `capacity`). On the
+    /// CPU the pools
     /// are zero pages the OS maps on first write, so an unused pool costs
     /// address space, not memory.
     pub fn new(
@@ -35,11 +37,12 @@ impl<B: Backend> KvStore<B> {
         let blocks = tokens.div_ceil(bs).max(1);
         let len = blocks * nkv * bs * hd;
         Self {
-            k: (0..layers).map(|_| B::alloc(len)).collect(),
-            v: (0..layers).map(|_| B::alloc(len)).collect(),
+            k: (0..layers).map(|_| B::alloc_kv(len, cfg.dtype)).collect(),
+            v: (0..layers).map(|_| B::alloc_kv(len, cfg.dtype)).collect(),
             blocks: BlockManager::new(blocks, bs, cfg.prefix_caching),
             nkv,
             hd,
+            dtype: cfg.dtype,
         }
     }
 
@@ -60,7 +63,7 @@ impl<B: Backend> KvStore<B> {
                 // stage through a copy so the borrow rules hold on every
                 // backend.
                 let tmp = {
-                    let mut t = B::alloc(n);
+                    let mut t = B::alloc_kv(n, self.dtype);
                     B::copy_slice(ctx, pool, src, &mut t, 0, n);
                     t
                 };
@@ -69,7 +72,7 @@ impl<B: Backend> KvStore<B> {
         }
     }
 
-    /// `seq`'s K/V, one `(K, V)` pair per layer of `[nkv, len, hd]`.
+    /// `seq`'s K/V, one `(K, V)` pair per layer of `[nkv, len, hd]`, as f32.
     pub fn export(&self, seq: &str) -> Result<Vec<(TensorRef, TensorRef)>> {
         if !self.blocks.contains(seq) {
             return Err(FerrumError::invalid(format!(
