@@ -11,18 +11,16 @@
 
 use std::time::Duration;
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{
+    criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, Throughput,
+};
 use ferrum_kernels::{AttnConfig, Backend, CpuBackend, KvDtype, PagedKv};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-fn bench_attention(c: &mut Criterion) {
-    let mut group = c.benchmark_group("flash_attention");
-    group
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(3));
-    let (nh, nkv, hd, kv_len) = (14usize, 2usize, 64usize, 4096usize);
-    let cfg = AttnConfig {
+/// Causal attention of `nh` query heads on `nkv` KV heads of `hd`.
+fn causal(nh: usize, nkv: usize, hd: usize) -> AttnConfig {
+    AttnConfig {
         num_heads: nh,
         num_kv_heads: nkv,
         head_dim: hd,
@@ -30,7 +28,22 @@ fn bench_attention(c: &mut Criterion) {
         scale: 1.0 / (hd as f32).sqrt(),
         kv_seq_stride: 0,
         sliding_window: 0,
-    };
+    }
+}
+
+/// Ten samples of three seconds each.
+fn short(group: &mut BenchmarkGroup<'_, WallTime>) {
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+}
+
+fn bench_attention(c: &mut Criterion) {
+    let mut group = c.benchmark_group("flash_attention");
+    short(&mut group);
+    let (nh, nkv, hd, kv_len) = (14usize, 2usize, 64usize, 4096usize);
+    let cfg = causal(nh, nkv, hd);
     let mut rng = StdRng::seed_from_u64(0);
     let mut rand = |n: usize| {
         CpuBackend::from_slice(
@@ -74,20 +87,9 @@ fn bench_attention(c: &mut Criterion) {
 
 fn bench_paged_decode(c: &mut Criterion) {
     let mut group = c.benchmark_group("paged_decode");
-    group
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(3));
+    short(&mut group);
     let (layers, nh, nkv, hd, kv_len, bs) = (30, 9usize, 3usize, 64usize, 2048usize, 16usize);
-    let cfg = AttnConfig {
-        num_heads: nh,
-        num_kv_heads: nkv,
-        head_dim: hd,
-        causal: true,
-        scale: 1.0 / (hd as f32).sqrt(),
-        kv_seq_stride: 0,
-        sliding_window: 0,
-    };
+    let cfg = causal(nh, nkv, hd);
     let table: Vec<u32> = (0..(kv_len / bs) as u32).collect();
     let pages = PagedKv {
         block_table: &table,
