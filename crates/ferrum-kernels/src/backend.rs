@@ -200,7 +200,7 @@ impl<B: Backend> KvCache<B> {
 /// f16 halves the pool's memory and the bytes a decode step reads from it,
 /// which at long context are as many as the weights' (SmolLM2 at 2,048
 /// positions: 94 MB of f32 K/V against 85 MB of Q4_1 weights per token).
-/// Its 11-bit significand keeps K/V to a relative 2^-12, well inside what
+/// Its 11-bit significand keeps K/V to a relative 2^-11, well inside what
 /// attention's softmax can tell apart (llama.cpp's default is f16 too).
 /// Arithmetic stays in f32: rows are widened as they are loaded.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -440,8 +440,9 @@ fn attend_block<E: Elem, R: KvRows>(
     l.fill(0.0);
 
     let row_bytes = hd * std::mem::size_of::<E>();
-    // Row offsets of the current tile's keys, shared by all query rows.
-    let mut offs = [0usize; KV_TILE];
+    // Row offsets of the current tile's keys, shared by all query rows, and
+    // of the next tile's, found (and prefetched) one tile early.
+    let (mut offs, mut next) = ([0usize; KV_TILE], [0usize; KV_TILE]);
     // Row r = (query position qi, head g within the group), position-major.
     let q_row = |r: usize| {
         let (qi, g) = (r / group, r % group);
@@ -456,12 +457,15 @@ fn attend_block<E: Elem, R: KvRows>(
 
     let first = (0..rows).map(|r| range_of(r).0).min().unwrap_or(0);
     let last = (0..rows).map(|r| range_of(r).1).max().unwrap_or(0);
-    let mut t0 = first - first % KV_TILE;
-    while t0 < last {
-        let t1 = (t0 + KV_TILE).min(last);
-        for (o, j) in offs.iter_mut().zip(t0..t1) {
+    let tile_rows = |offs: &mut [usize; KV_TILE], t: usize| {
+        for (o, j) in offs.iter_mut().zip(t..(t + KV_TILE).min(last)) {
             *o = seq.rows.row(kvh, j);
         }
+    };
+    let mut t0 = first - first % KV_TILE;
+    tile_rows(&mut offs, t0);
+    while t0 < last {
+        let t1 = (t0 + KV_TILE).min(last);
         // Ask for the next tile's rows while this one is worked on. A head's
         // keys are runs of one block (4 KB of f32 at head_dim 64), each on
         // a page of its own, and the hardware prefetchers do not run ahead
@@ -469,8 +473,8 @@ fn attend_block<E: Elem, R: KvRows>(
         // layers at 2,048 keys (`--bench attention`, paged_decode, two
         // threads) took 8.6-9.1 ms with f16 pools and 9.4-12 with f32;
         // with this 5.7-7.8 and 8.7-10.5 (this VM's runs vary that much).
-        for j in t1..(t1 + KV_TILE).min(last) {
-            let o = seq.rows.row(kvh, j);
+        tile_rows(&mut next, t1);
+        for &o in &next[..(t1 + KV_TILE).min(last) - t1] {
             simd::prefetch(k.as_ptr().wrapping_add(o).cast(), row_bytes);
             simd::prefetch(v.as_ptr().wrapping_add(o).cast(), row_bytes);
         }
@@ -497,6 +501,7 @@ fn attend_block<E: Elem, R: KvRows>(
             m[r] = m_new;
             simd::axpy_many(o, s, v, tile);
         }
+        std::mem::swap(&mut offs, &mut next);
         t0 = t1;
     }
 
