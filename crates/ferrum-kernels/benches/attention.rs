@@ -2,10 +2,12 @@
 //! (q_len 512), with Qwen2.5-0.5B's heads (14 query, 2 KV, head_dim 64).
 //! Throughput is FLOP/s: 4·heads·head_dim per visible (query, key) pair.
 //!
-//! Then one decode step's attention over paged pools of f32 and f16 values
-//! with SmolLM2-135M's shapes (30 layers of 9 query heads on 3 KV heads,
-//! head_dim 64) at 2,048 positions: 94 MB of f32 K/V, more than the last-level
-//! cache, as a decode step at depth reads them. Throughput is pool bytes.
+//! Then one decode step's attention over paged pools of f32 and f16 values:
+//! SmolLM2-135M's shapes (30 layers of 9 query heads on 3 KV heads,
+//! head_dim 64) at 2,048 positions (94 MB of f32 K/V, more than the
+//! last-level cache, as a decode step at depth reads them) and at 512
+//! (within it), and Gemma-3-270m's three global layers (4 query heads on one
+//! KV head of 256) at 2,048. Throughput is pool bytes.
 //!
 //! `cargo bench -p ferrum-kernels --bench attention`
 
@@ -88,46 +90,53 @@ fn bench_attention(c: &mut Criterion) {
 fn bench_paged_decode(c: &mut Criterion) {
     let mut group = c.benchmark_group("paged_decode");
     short(&mut group);
-    let (layers, nh, nkv, hd, kv_len, bs) = (30, 9usize, 3usize, 64usize, 2048usize, 16usize);
-    let cfg = causal(nh, nkv, hd);
-    let table: Vec<u32> = (0..(kv_len / bs) as u32).collect();
-    let pages = PagedKv {
-        block_table: &table,
-        block_size: bs,
-    };
-    let len = table.len() * pages.block_len(nkv, hd);
-    let mut rng = StdRng::seed_from_u64(1);
-    let values: Vec<f32> = (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-    let src = CpuBackend::from_slice(&values);
-    let q = CpuBackend::from_slice(&values[..nh * hd]);
-    let mut out = CpuBackend::alloc(nh * hd);
-    for dtype in [KvDtype::F32, KvDtype::F16] {
-        let pool = || {
-            let mut p = CpuBackend::alloc_kv(len, dtype);
-            CpuBackend::copy_slice(&mut (), &src, 0, &mut p, 0, len);
-            p
+    let bs = 16;
+    // (name, layers, query heads, KV heads, head_dim, keys)
+    for (name, layers, nh, nkv, hd, kv_len) in [
+        ("smollm2_kv2048", 30, 9, 3, 64, 2048usize),
+        ("smollm2_kv512", 30, 9, 3, 64, 512),
+        ("gemma3_kv2048", 3, 4, 1, 256, 2048),
+    ] {
+        let cfg = causal(nh, nkv, hd);
+        let table: Vec<u32> = (0..(kv_len / bs) as u32).collect();
+        let pages = PagedKv {
+            block_table: &table,
+            block_size: bs,
         };
-        let pools: Vec<_> = (0..layers).map(|_| (pool(), pool())).collect();
-        let bytes = if dtype == KvDtype::F32 { 4 } else { 2 };
-        group.throughput(Throughput::Bytes((2 * layers * len * bytes) as u64));
-        group.bench_with_input(BenchmarkId::new("kv2048x30", dtype), &(), |b, _| {
-            b.iter(|| {
-                for (k, v) in &pools {
-                    CpuBackend::paged_attention(
-                        &mut (),
-                        &q,
-                        k,
-                        v,
-                        &pages,
-                        &mut out,
-                        1,
-                        kv_len,
-                        kv_len - 1,
-                        &cfg,
-                    );
-                }
-            })
-        });
+        let len = table.len() * pages.block_len(nkv, hd);
+        let mut rng = StdRng::seed_from_u64(1);
+        let values: Vec<f32> = (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let src = CpuBackend::from_slice(&values);
+        let q = CpuBackend::from_slice(&values[..nh * hd]);
+        let mut out = CpuBackend::alloc(nh * hd);
+        for dtype in [KvDtype::F32, KvDtype::F16] {
+            let pool = || {
+                let mut p = CpuBackend::alloc_kv(len, dtype);
+                CpuBackend::copy_slice(&mut (), &src, 0, &mut p, 0, len);
+                p
+            };
+            let pools: Vec<_> = (0..layers).map(|_| (pool(), pool())).collect();
+            let bytes = if dtype == KvDtype::F32 { 4 } else { 2 };
+            group.throughput(Throughput::Bytes((2 * layers * len * bytes) as u64));
+            group.bench_with_input(BenchmarkId::new(name, dtype), &(), |b, _| {
+                b.iter(|| {
+                    for (k, v) in &pools {
+                        CpuBackend::paged_attention(
+                            &mut (),
+                            &q,
+                            k,
+                            v,
+                            &pages,
+                            &mut out,
+                            1,
+                            kv_len,
+                            kv_len - 1,
+                            &cfg,
+                        );
+                    }
+                })
+            });
+        }
     }
     group.finish();
 }

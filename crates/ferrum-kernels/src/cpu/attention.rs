@@ -24,6 +24,10 @@ const KV_TILE: usize = 64;
 /// Upper bound on query positions per task.
 const MAX_Q_BLOCK: usize = 16;
 
+/// Most rows handed to the tile kernels at once (they take them four at a
+/// time).
+const PACK: usize = 8;
+
 thread_local! {
     /// Per-thread scratch (scores, accumulators, m, l), grown on first use
     /// and reused by every later call: no heap allocation in steady state.
@@ -360,7 +364,7 @@ fn merge(out: &mut [f32], slots: &[f32], g: usize, rows: usize, hd: usize) {
         at[c] = c * slot_len + g * hd;
     }
     out.fill(0.0);
-    simd::axpy_many(out, &weights[..chunks], slots, &at[..chunks]);
+    simd::axpy_many(out, hd, &weights[..chunks], 0, slots, &at[..chunks]);
     simd::scale(out, if z > 0.0 { 1.0 / z } else { 0.0 });
 }
 
@@ -478,28 +482,45 @@ fn attend_block<E: Elem, R: KvRows>(
             simd::prefetch(k.as_ptr().wrapping_add(o).cast(), row_bytes);
             simd::prefetch(v.as_ptr().wrapping_add(o).cast(), row_bytes);
         }
-        for r in 0..rows {
+        // Rows that see the same keys of this tile (a GQA group's heads at
+        // one position; every row of a tile below the causal diagonal) go
+        // through the tile kernels together, which load each key row once
+        // for up to four of them.
+        let visible = |r: usize| {
             let (lo, hi) = range_of(r);
-            let (j0, j1) = (lo.max(t0), hi.min(t1));
-            if j0 >= j1 {
-                continue;
+            (lo.max(t0), hi.min(t1))
+        };
+        let mut r = 0;
+        while r < rows {
+            let (j0, j1) = visible(r);
+            let mut end = r + 1;
+            while end < rows && end - r < PACK && visible(end) == (j0, j1) {
+                end += 1;
             }
-            let qv = &q[q_row(r)..q_row(r) + hd];
-            let s = &mut scores[r * KV_TILE..r * KV_TILE + (j1 - j0)];
-            let tile = &offs[j0 - t0..j1 - t0];
-            simd::dot_many(qv, k, tile, cfg.scale, s);
-            let tile_max = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-            let m_new = m[r].max(tile_max);
-            let tile_sum = simd::exp_sub_sum(s, m_new);
-            let o = &mut acc[r * hd..(r + 1) * hd];
-            if m[r] != f32::NEG_INFINITY {
-                let corr = (m[r] - m_new).exp();
-                l[r] *= corr;
-                simd::scale(o, corr);
+            if j0 < j1 {
+                let qs: [&[f32]; PACK] =
+                    std::array::from_fn(|i| &q[q_row(r + i.min(end - r - 1))..][..hd]);
+                let tile = &offs[j0 - t0..j1 - t0];
+                let s = &mut scores[r * KV_TILE..end * KV_TILE];
+                simd::dot_many(&qs[..end - r], k, tile, cfg.scale, s, KV_TILE);
+                for (i, s) in s.chunks_exact_mut(KV_TILE).enumerate() {
+                    let s = &mut s[..j1 - j0];
+                    let row = r + i;
+                    let tile_max = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                    let m_new = m[row].max(tile_max);
+                    let tile_sum = simd::exp_sub_sum(s, m_new);
+                    if m[row] != f32::NEG_INFINITY {
+                        let corr = (m[row] - m_new).exp();
+                        l[row] *= corr;
+                        simd::scale(&mut acc[row * hd..(row + 1) * hd], corr);
+                    }
+                    l[row] += tile_sum;
+                    m[row] = m_new;
+                }
+                let o = &mut acc[r * hd..end * hd];
+                simd::axpy_many(o, hd, &scores[r * KV_TILE..], KV_TILE, v, tile);
             }
-            l[r] += tile_sum;
-            m[r] = m_new;
-            simd::axpy_many(o, s, v, tile);
+            r = end;
         }
         std::mem::swap(&mut offs, &mut next);
         t0 = t1;

@@ -154,24 +154,59 @@ pub(crate) fn scale_mul(out: &mut [f32], x: &[f32], s: f32, w: &[f32]) {
     dispatch!(scale_mul(out, x, s, w))
 }
 
-/// `out[j] = s · (q · x[rows[j]..rows[j] + q.len()])`: an attention tile's
-/// scores, one dispatch for the tile instead of one per key.
+/// `out[i·stride + j] = s · (q_i · x[rows[j]..rows[j] + n])` for the
+/// queries `qs` (each `n` long): an attention tile's scores for the query
+/// rows that see the same keys, one dispatch for the tile instead of one
+/// per key. Each widened key row feeds up to four queries' FMAs: a GQA
+/// group's heads share every load (and F16C conversion) of its K rows.
+/// Every score is computed by the same operations whatever the number of
+/// queries, so the grouping never changes results.
 #[inline]
-pub(crate) fn dot_many<T: Elem>(q: &[f32], x: &[T], rows: &[usize], s: f32, out: &mut [f32]) {
-    let out = &mut out[..rows.len()];
-    assert!(rows.iter().all(|&r| r + q.len() <= x.len()));
-    dispatch!(dot_many(q, x, rows, s, out))
+pub(crate) fn dot_many<T: Elem>(
+    qs: &[&[f32]],
+    x: &[T],
+    rows: &[usize],
+    s: f32,
+    out: &mut [f32],
+    stride: usize,
+) {
+    let n = qs.first().map_or(0, |q| q.len());
+    assert!(qs.iter().all(|q| q.len() == n));
+    assert!(qs.len() <= 1 || stride >= rows.len());
+    if qs.is_empty() || rows.is_empty() {
+        return;
+    }
+    let out = &mut out[..(qs.len() - 1) * stride + rows.len()];
+    assert!(rows.iter().all(|&r| r + n <= x.len()));
+    dispatch!(dot_many(qs, x, rows, s, out, stride))
 }
 
-/// `y += Σ_j p[j] · x[rows[j]..rows[j] + y.len()]`, each element summed in
-/// `j` order by one FMA per row (as `y[i] = fma(p[j], x, y[i])` row after
-/// row: scalar and vector paths round alike), with `y` held in
-/// registers across the rows rather than loaded and stored per row.
+/// `y_i += Σ_j p_i[j] · x[rows[j]..rows[j] + n]` for each row `y_i` of `n`
+/// values of `y` (whose length is a multiple of `n`), with `p_i` starting at
+/// `p[i·stride]`. Each element is summed in `j` order by one FMA per key
+/// (as `y[i] = fma(p[j], x, y[i])` key after key: scalar and vector paths
+/// round alike, whatever the number of rows), with `y` held in registers
+/// across the keys and each widened key row shared by up to four rows.
 #[inline]
-pub(crate) fn axpy_many<T: Elem>(y: &mut [f32], p: &[f32], x: &[T], rows: &[usize]) {
-    let p = &p[..rows.len()];
-    assert!(rows.iter().all(|&r| r + y.len() <= x.len()));
-    dispatch!(axpy_many(y, p, x, rows))
+pub(crate) fn axpy_many<T: Elem>(
+    y: &mut [f32],
+    n: usize,
+    p: &[f32],
+    stride: usize,
+    x: &[T],
+    rows: &[usize],
+) {
+    if n == 0 || rows.is_empty() {
+        return;
+    }
+    let count = y.len() / n;
+    assert!(y.len() == count * n && (count <= 1 || stride >= rows.len()));
+    if count == 0 {
+        return;
+    }
+    let p = &p[..(count - 1) * stride + rows.len()];
+    assert!(rows.iter().all(|&r| r + n <= x.len()));
+    dispatch!(axpy_many(y, n, p, stride, x, rows))
 }
 
 /// `y[i] *= s`.
@@ -287,16 +322,33 @@ pub(crate) mod scalar {
         }
     }
 
-    pub fn dot_many<T: Elem>(q: &[f32], x: &[T], rows: &[usize], s: f32, out: &mut [f32]) {
-        for (o, &r) in out.iter_mut().zip(rows) {
-            *o = s * dot(q, &x[r..r + q.len()]);
+    pub fn dot_many<T: Elem>(
+        qs: &[&[f32]],
+        x: &[T],
+        rows: &[usize],
+        s: f32,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        for (i, q) in qs.iter().enumerate() {
+            for (j, &r) in rows.iter().enumerate() {
+                out[i * stride + j] = s * dot(q, &x[r..r + q.len()]);
+            }
         }
     }
 
-    pub fn axpy_many<T: Elem>(y: &mut [f32], p: &[f32], x: &[T], rows: &[usize]) {
-        let n = y.len();
-        for (&a, &r) in p.iter().zip(rows) {
-            axpy(y, a, &x[r..r + n]);
+    pub fn axpy_many<T: Elem>(
+        y: &mut [f32],
+        n: usize,
+        p: &[f32],
+        stride: usize,
+        x: &[T],
+        rows: &[usize],
+    ) {
+        for (i, y) in y.chunks_exact_mut(n).enumerate() {
+            for (&a, &r) in p[i * stride..].iter().zip(rows) {
+                axpy(y, a, &x[r..r + n]);
+            }
         }
     }
 
@@ -446,80 +498,196 @@ pub(crate) mod avx2 {
         scalar::scale_mul(&mut out[i..], &x[i..], s, &w[i..]);
     }
 
-    /// Callers check every `rows[j] + q.len() <= x.len()`. Eight rows at a
-    /// time when `q.len()` is a multiple of 8: eight independent FMA chains
-    /// sharing each load of `q`, and one reduction tree for all eight sums
-    /// instead of a horizontal sum per row.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_many<T: Elem>(q: &[f32], x: &[T], rows: &[usize], s: f32, out: &mut [f32]) {
-        let n = q.len();
-        let mut j = 0;
-        if n.is_multiple_of(8) {
-            while j + 8 <= rows.len() {
-                let r: [*const T; 8] = std::array::from_fn(|t| x.as_ptr().add(rows[j + t]));
-                let mut acc = [_mm256_setzero_ps(); 8];
-                for c in (0..n).step_by(8) {
-                    let qv = _mm256_loadu_ps(q.as_ptr().add(c));
-                    for (acc, r) in acc.iter_mut().zip(r) {
-                        *acc = _mm256_fmadd_ps(qv, T::load8(r.add(c)), *acc);
-                    }
-                }
-                let h = |a: usize| _mm256_hadd_ps(acc[a], acc[a + 1]);
-                let (lo, hi) = (_mm256_hadd_ps(h(0), h(2)), _mm256_hadd_ps(h(4), h(6)));
-                let sums = _mm256_add_ps(
-                    _mm256_permute2f128_ps(lo, hi, 0x20),
-                    _mm256_permute2f128_ps(lo, hi, 0x31),
-                );
-                _mm256_storeu_ps(
-                    out.as_mut_ptr().add(j),
-                    _mm256_mul_ps(sums, _mm256_set1_ps(s)),
-                );
-                j += 8;
-            }
-        }
-        for (o, &r) in out[j..].iter_mut().zip(&rows[j..]) {
-            *o = s * dot(q, x.get_unchecked(r..r + n));
+    /// Rows per kernel pass: four while four are left, then two, then one.
+    /// Every pass keeps eight independent FMA chains (rows × keys for the
+    /// scores, rows × vectors for the accumulators): an FMA's four-cycle
+    /// latency at two per cycle needs eight in flight, and three rows' six
+    /// chains ran about 10% slower than one row at a time on f32 pools.
+    fn pass_rows(left: usize) -> usize {
+        match left {
+            4.. => 4,
+            2 | 3 => 2,
+            _ => 1,
         }
     }
 
-    /// Callers check every `rows[j] + y.len() <= x.len()`. `y` goes in
-    /// chunks of 64 floats (eight registers), each loaded and stored once.
+    /// Callers check the bounds (see `super::dot_many`).
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn axpy_many<T: Elem>(y: &mut [f32], p: &[f32], x: &[T], rows: &[usize]) {
-        let n = y.len();
+    pub unsafe fn dot_many<T: Elem>(
+        qs: &[&[f32]],
+        x: &[T],
+        rows: &[usize],
+        s: f32,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        let mut i = 0;
+        while i < qs.len() {
+            let r = pass_rows(qs.len() - i);
+            let (qs, out) = (&qs[i..i + r], out.as_mut_ptr().add(i * stride));
+            match r {
+                1 => dot_pass::<T, 1, 8>(qs, x, rows, s, out, stride),
+                2 => dot_pass::<T, 2, 4>(qs, x, rows, s, out, stride),
+                _ => dot_pass::<T, 4, 2>(qs, x, rows, s, out, stride),
+            }
+            i += r;
+        }
+    }
+
+    /// `R` queries against `KEYS` keys at a time (`R · KEYS = 8`) when the
+    /// length is a multiple of 8: one FMA chain per (query, key) pair, each
+    /// widened key vector feeding all `R` queries, and one reduction tree
+    /// for the eight sums. A pair's chain and its lane of the tree are the
+    /// same for any `R`, so scores do not depend on the grouping. Keys past
+    /// the last multiple of eight (and every key of other lengths) take
+    /// [`dot`], as they do for one query.
+    #[inline(always)]
+    unsafe fn dot_pass<T: Elem, const R: usize, const KEYS: usize>(
+        qs: &[&[f32]],
+        x: &[T],
+        rows: &[usize],
+        s: f32,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        let n = qs[0].len();
+        let q: [*const f32; R] = std::array::from_fn(|i| qs[i].as_ptr());
+        let full = if n.is_multiple_of(8) {
+            rows.len() / 8 * 8
+        } else {
+            0
+        };
+        for j in (0..full).step_by(KEYS) {
+            let r: [*const T; KEYS] = std::array::from_fn(|t| x.as_ptr().add(rows[j + t]));
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for c in (0..n).step_by(8) {
+                let kv: [__m256; KEYS] = std::array::from_fn(|t| T::load8(r[t].add(c)));
+                for (i, &q) in q.iter().enumerate() {
+                    let qv = _mm256_loadu_ps(q.add(c));
+                    for (t, &kv) in kv.iter().enumerate() {
+                        acc[i * KEYS + t] = _mm256_fmadd_ps(qv, kv, acc[i * KEYS + t]);
+                    }
+                }
+            }
+            let h = |a: usize| _mm256_hadd_ps(acc[a], acc[a + 1]);
+            let (lo, hi) = (_mm256_hadd_ps(h(0), h(2)), _mm256_hadd_ps(h(4), h(6)));
+            let sums = _mm256_add_ps(
+                _mm256_permute2f128_ps(lo, hi, 0x20),
+                _mm256_permute2f128_ps(lo, hi, 0x31),
+            );
+            let sums = _mm256_mul_ps(sums, _mm256_set1_ps(s));
+            // Lane `i · KEYS + t` holds query `i`'s score for key `j + t`.
+            let (lo, hi) = (_mm256_castps256_ps128(sums), _mm256_extractf128_ps(sums, 1));
+            let at = |i: usize| out.add(i * stride + j);
+            match KEYS {
+                8 => _mm256_storeu_ps(at(0), sums),
+                4 => {
+                    _mm_storeu_ps(at(0), lo);
+                    _mm_storeu_ps(at(1), hi);
+                }
+                _ => {
+                    // Two scores (one 64-bit lane) per query.
+                    let pair = |v: __m128| _mm_cvtsi128_si64(_mm_castps_si128(v));
+                    let pairs = [lo, _mm_movehl_ps(lo, lo), hi, _mm_movehl_ps(hi, hi)];
+                    for (i, &v) in pairs.iter().enumerate() {
+                        at(i).cast::<i64>().write_unaligned(pair(v));
+                    }
+                }
+            }
+        }
+        for (i, q) in qs.iter().enumerate() {
+            for (j, &r) in rows.iter().enumerate().skip(full) {
+                *out.add(i * stride + j) = s * dot(q, x.get_unchecked(r..r + n));
+            }
+        }
+    }
+
+    /// Callers check the bounds (see `super::axpy_many`).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy_many<T: Elem>(
+        y: &mut [f32],
+        n: usize,
+        p: &[f32],
+        stride: usize,
+        x: &[T],
+        rows: &[usize],
+    ) {
+        let count = y.len() / n;
+        let mut i = 0;
+        while i < count {
+            let r = pass_rows(count - i);
+            let (y, p) = (&mut y[i * n..(i + r) * n], p.as_ptr().add(i * stride));
+            match r {
+                1 => axpy_pass::<T, 1, 8>(y, n, p, stride, x, rows),
+                2 => axpy_pass::<T, 2, 4>(y, n, p, stride, x, rows),
+                _ => axpy_pass::<T, 4, 2>(y, n, p, stride, x, rows),
+            }
+            i += r;
+        }
+    }
+
+    /// `R` rows of `y` in column blocks of `W` vectors (`R · W = 8`
+    /// accumulators), each loaded and stored once, against the same columns
+    /// of every key; then blocks of one vector, then a scalar tail.
+    #[inline(always)]
+    unsafe fn axpy_pass<T: Elem, const R: usize, const W: usize>(
+        y: &mut [f32],
+        n: usize,
+        p: *const f32,
+        stride: usize,
+        x: &[T],
+        rows: &[usize],
+    ) {
+        let (yp, xp) = (y.as_mut_ptr(), x.as_ptr());
         let mut c = 0;
-        while c + 64 <= n {
-            axpy_many_w::<T, 8>(y.as_mut_ptr().add(c), p, x.as_ptr().add(c), rows);
-            c += 64;
+        while c + 8 * W <= n {
+            axpy_block::<T, R, W>(yp.add(c), n, p, stride, xp.add(c), rows);
+            c += 8 * W;
         }
         while c + 8 <= n {
-            axpy_many_w::<T, 1>(y.as_mut_ptr().add(c), p, x.as_ptr().add(c), rows);
+            axpy_block::<T, R, 1>(yp.add(c), n, p, stride, xp.add(c), rows);
             c += 8;
         }
         if c < n {
-            for (&a, &r) in p.iter().zip(rows) {
-                scalar::axpy(&mut y[c..], a, x.get_unchecked(r + c..r + n));
+            for (i, y) in y.chunks_exact_mut(n).enumerate() {
+                for (j, &r) in rows.iter().enumerate() {
+                    scalar::axpy(
+                        &mut y[c..],
+                        *p.add(i * stride + j),
+                        x.get_unchecked(r + c..r + n),
+                    );
+                }
             }
         }
     }
 
-    /// `W` vectors of `y` at `y` against the same columns of each row.
+    /// `W` vectors of `R` rows of `y` (`n` apart, from `y`) against the same
+    /// columns of each key row.
     #[inline(always)]
-    unsafe fn axpy_many_w<T: Elem, const W: usize>(
+    unsafe fn axpy_block<T: Elem, const R: usize, const W: usize>(
         y: *mut f32,
-        p: &[f32],
+        n: usize,
+        p: *const f32,
+        stride: usize,
         x: *const T,
         rows: &[usize],
     ) {
-        let mut acc: [__m256; W] = std::array::from_fn(|i| _mm256_loadu_ps(y.add(8 * i)));
-        for (&a, &r) in p.iter().zip(rows) {
-            let (a, xr) = (_mm256_set1_ps(a), x.add(r));
+        let mut acc: [[__m256; W]; R] =
+            std::array::from_fn(|i| std::array::from_fn(|w| _mm256_loadu_ps(y.add(i * n + 8 * w))));
+        for (j, &r) in rows.iter().enumerate() {
+            let xr = x.add(r);
+            let xv: [__m256; W] = std::array::from_fn(|w| T::load8(xr.add(8 * w)));
             for (i, acc) in acc.iter_mut().enumerate() {
-                *acc = _mm256_fmadd_ps(a, T::load8(xr.add(8 * i)), *acc);
+                let a = _mm256_set1_ps(*p.add(i * stride + j));
+                for (acc, &xv) in acc.iter_mut().zip(&xv) {
+                    *acc = _mm256_fmadd_ps(a, xv, *acc);
+                }
             }
         }
         for (i, acc) in acc.iter().enumerate() {
-            _mm256_storeu_ps(y.add(8 * i), *acc);
+            for (w, acc) in acc.iter().enumerate() {
+                _mm256_storeu_ps(y.add(i * n + 8 * w), *acc);
+            }
         }
     }
 
@@ -825,74 +993,123 @@ mod tests {
         }
     }
 
-    /// The attention tile kernels against f64 sums over random rows, and
-    /// the two paths against each other bit for bit for `axpy_many` (one
-    /// FMA per row and element on both), on f32 rows and on f16 rows (whose
-    /// values, widened exactly, are the reference's).
+    /// The attention tile kernels against f64 sums over random rows, for one
+    /// to six query (and accumulator) rows, on f32 rows and on f16 rows
+    /// (whose values, widened exactly, are the reference's). Bit for bit:
+    /// `axpy_many` on both paths (one FMA per row, key and element), and
+    /// each path's results for several rows against the same rows one at a
+    /// time (the grouping must not change a result).
     #[test]
     fn many_row_kernels_match_reference() {
         check_many_rows(|x| x.to_vec());
         check_many_rows(|x| x.iter().map(|&v| half::f16::from_f32(v)).collect());
     }
 
+    /// Runs both tile kernels on `nq` rows at once (`vec`: the AVX2 path),
+    /// returning the scores (`nq` rows, `stride` apart) and the updated
+    /// accumulators.
+    #[allow(clippy::too_many_arguments)]
+    fn tile_kernels<T: Elem>(
+        vec: bool,
+        qs: &[&[f32]],
+        y0: &[f32],
+        p: &[f32],
+        stride: usize,
+        xs: &[T],
+        rows: &[usize],
+    ) -> (Vec<f32>, Vec<f32>) {
+        let n = qs[0].len();
+        let (mut d, mut y) = (vec![0f32; qs.len() * stride], y0.to_vec());
+        if vec {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: only called when `has_avx2()`; the test's rows are in
+            // bounds.
+            unsafe {
+                avx2::dot_many(qs, xs, rows, 0.5, &mut d, stride);
+                avx2::axpy_many(&mut y, n, p, stride, xs, rows);
+            }
+        } else {
+            scalar::dot_many(qs, xs, rows, 0.5, &mut d, stride);
+            scalar::axpy_many(&mut y, n, p, stride, xs, rows);
+        }
+        (d, y)
+    }
+
     fn check_many_rows<T: Elem>(rows_of: impl Fn(&[f32]) -> Vec<T>) {
         let mut rng = rand::rngs::StdRng::seed_from_u64(4);
-        for n in [1usize, 5, 8, 64, 72, 136] {
-            let nrows = 19;
-            let xs = rows_of(&rand_vec(&mut rng, 12 * n + 3, 2.0));
-            let x: Vec<f32> = xs.iter().map(|v| v.widen()).collect();
-            let rows: Vec<usize> = (0..nrows)
-                .map(|_| rng.random_range(0..=x.len() - n))
-                .collect();
-            let (p, q, y0) = (
-                rand_vec(&mut rng, nrows, 1.0),
-                rand_vec(&mut rng, n, 2.0),
-                rand_vec(&mut rng, n, 2.0),
-            );
-            let mut ys = Vec::new();
-            both_paths(|name, vec| {
-                let (mut y, mut d) = (y0.clone(), vec![0f32; nrows]);
-                if vec {
-                    #[cfg(target_arch = "x86_64")]
-                    unsafe {
-                        avx2::axpy_many(&mut y, &p, &xs, &rows);
-                        avx2::dot_many(&q, &xs, &rows, 0.5, &mut d);
+        for n in [1usize, 5, 8, 16, 64, 72, 136, 256] {
+            for (nq, nrows) in [(1usize, 19usize), (2, 19), (3, 16), (4, 21), (5, 8), (6, 3)] {
+                let stride = nrows + 3;
+                let xs = rows_of(&rand_vec(&mut rng, 12 * n + 3, 2.0));
+                let x: Vec<f32> = xs.iter().map(|v| v.widen()).collect();
+                let rows: Vec<usize> = (0..nrows)
+                    .map(|_| rng.random_range(0..=x.len() - n))
+                    .collect();
+                let q = rand_vec(&mut rng, nq * n, 2.0);
+                let qs: Vec<&[f32]> = q.chunks_exact(n).collect();
+                let (p, y0) = (
+                    rand_vec(&mut rng, nq * stride, 1.0),
+                    rand_vec(&mut rng, nq * n, 2.0),
+                );
+                let mut ys = Vec::new();
+                both_paths(|name, vec| {
+                    let (d, y) = tile_kernels(vec, &qs, &y0, &p, stride, &xs, &rows);
+                    for (i, (y, y0)) in y.chunks_exact(n).zip(y0.chunks_exact(n)).enumerate() {
+                        let p = &p[i * stride..];
+                        for (e, &got) in y.iter().enumerate() {
+                            let terms = rows
+                                .iter()
+                                .zip(p)
+                                .map(|(&r, &a)| a as f64 * x[r + e] as f64);
+                            let want = y0[e] as f64 + terms.clone().sum::<f64>();
+                            let size = y0[e].abs() as f64 + terms.map(f64::abs).sum::<f64>();
+                            let tol = (nrows as f64 + 1.0) * 6e-8 * size;
+                            assert!(
+                                (got as f64 - want).abs() <= tol,
+                                "{name} axpy_many n={n} nq={nq} row {i} e={e}"
+                            );
+                        }
                     }
-                } else {
-                    scalar::axpy_many(&mut y, &p, &xs, &rows);
-                    scalar::dot_many(&q, &xs, &rows, 0.5, &mut d);
-                }
-                for (i, &got) in y.iter().enumerate() {
-                    let terms = rows
-                        .iter()
-                        .zip(&p)
-                        .map(|(&r, &a)| a as f64 * x[r + i] as f64);
-                    let want = y0[i] as f64 + terms.clone().sum::<f64>();
-                    let size = y0[i].abs() as f64 + terms.map(f64::abs).sum::<f64>();
-                    let tol = (nrows as f64 + 1.0) * 6e-8 * size;
-                    assert!(
-                        (got as f64 - want).abs() <= tol,
-                        "{name} axpy_many n={n} i={i}"
-                    );
-                }
-                for (j, &got) in d.iter().enumerate() {
-                    let terms = q
-                        .iter()
-                        .zip(&x[rows[j]..])
-                        .map(|(&a, &b)| a as f64 * b as f64);
-                    let want = 0.5 * terms.clone().sum::<f64>();
-                    let tol = (n as f64 + 1.0) * 6e-8 * 0.5 * terms.map(f64::abs).sum::<f64>();
-                    assert!(
-                        (got as f64 - want).abs() <= tol,
-                        "{name} dot_many n={n} j={j}"
-                    );
-                }
-                ys.push(y);
-            });
-            assert!(
-                ys.windows(2).all(|w| w[0] == w[1]),
-                "axpy_many paths differ, n={n}"
-            );
+                    for (i, q) in qs.iter().enumerate() {
+                        for (j, &got) in d[i * stride..][..nrows].iter().enumerate() {
+                            let terms = q
+                                .iter()
+                                .zip(&x[rows[j]..])
+                                .map(|(&a, &b)| a as f64 * b as f64);
+                            let want = 0.5 * terms.clone().sum::<f64>();
+                            let tol =
+                                (n as f64 + 1.0) * 6e-8 * 0.5 * terms.map(f64::abs).sum::<f64>();
+                            assert!(
+                                (got as f64 - want).abs() <= tol,
+                                "{name} dot_many n={n} nq={nq} row {i} j={j}"
+                            );
+                        }
+                    }
+                    // The same rows one at a time give the same bits.
+                    for (i, q) in qs.iter().enumerate() {
+                        let (d1, y1) = tile_kernels(
+                            vec,
+                            &[q],
+                            &y0[i * n..(i + 1) * n],
+                            &p[i * stride..],
+                            stride,
+                            &xs,
+                            &rows,
+                        );
+                        assert_eq!(
+                            d1[..nrows],
+                            d[i * stride..][..nrows],
+                            "{name} n={n} nq={nq}"
+                        );
+                        assert_eq!(y1, y[i * n..(i + 1) * n], "{name} n={n} nq={nq}");
+                    }
+                    ys.push(y);
+                });
+                assert!(
+                    ys.windows(2).all(|w| w[0] == w[1]),
+                    "axpy_many paths differ, n={n} nq={nq}"
+                );
+            }
         }
     }
 }
