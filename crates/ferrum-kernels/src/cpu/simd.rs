@@ -498,17 +498,24 @@ pub(crate) mod avx2 {
         scalar::scale_mul(&mut out[i..], &x[i..], s, &w[i..]);
     }
 
-    /// Rows per kernel pass: four while four are left, then two, then one.
+    /// `(first row, rows)` of each kernel pass over `count` rows: four while
+    /// four are left, then two, then one.
     /// Every pass keeps eight independent FMA chains (rows × keys for the
     /// scores, rows × vectors for the accumulators): an FMA's four-cycle
     /// latency at two per cycle needs eight in flight, and three rows' six
     /// chains ran about 10% slower than one row at a time on f32 pools.
-    fn pass_rows(left: usize) -> usize {
-        match left {
-            4.. => 4,
-            2 | 3 => 2,
-            _ => 1,
-        }
+    fn passes(count: usize) -> impl Iterator<Item = (usize, usize)> {
+        let mut first = 0;
+        std::iter::from_fn(move || {
+            let rows = match count - first {
+                0 => return None,
+                1 => 1,
+                2 | 3 => 2,
+                _ => 4,
+            };
+            first += rows;
+            Some((first - rows, rows))
+        })
     }
 
     /// Callers check the bounds (see `super::dot_many`).
@@ -521,16 +528,13 @@ pub(crate) mod avx2 {
         out: &mut [f32],
         stride: usize,
     ) {
-        let mut i = 0;
-        while i < qs.len() {
-            let r = pass_rows(qs.len() - i);
+        for (i, r) in passes(qs.len()) {
             let (qs, out) = (&qs[i..i + r], out.as_mut_ptr().add(i * stride));
             match r {
                 1 => dot_pass::<T, 1, 8>(qs, x, rows, s, out, stride),
                 2 => dot_pass::<T, 2, 4>(qs, x, rows, s, out, stride),
                 _ => dot_pass::<T, 4, 2>(qs, x, rows, s, out, stride),
             }
-            i += r;
         }
     }
 
@@ -612,17 +616,13 @@ pub(crate) mod avx2 {
         x: &[T],
         rows: &[usize],
     ) {
-        let count = y.len() / n;
-        let mut i = 0;
-        while i < count {
-            let r = pass_rows(count - i);
+        for (i, r) in passes(y.len() / n) {
             let (y, p) = (&mut y[i * n..(i + r) * n], p.as_ptr().add(i * stride));
             match r {
                 1 => axpy_pass::<T, 1, 8>(y, n, p, stride, x, rows),
                 2 => axpy_pass::<T, 2, 4>(y, n, p, stride, x, rows),
                 _ => axpy_pass::<T, 4, 2>(y, n, p, stride, x, rows),
             }
-            i += r;
         }
     }
 
