@@ -498,8 +498,10 @@ fn attend_block<E: Elem, R: KvRows>(
                 end += 1;
             }
             if j0 < j1 {
-                let qs: [&[f32]; PACK] =
-                    std::array::from_fn(|i| &q[q_row(r + i.min(end - r - 1))..][..hd]);
+                let mut qs: [&[f32]; PACK] = [&[]; PACK];
+                for (i, qs) in qs[..end - r].iter_mut().enumerate() {
+                    *qs = &q[q_row(r + i)..][..hd];
+                }
                 let tile = &offs[j0 - t0..j1 - t0];
                 let s = &mut scores[r * KV_TILE..end * KV_TILE];
                 simd::dot_many(&qs[..end - r], k, tile, cfg.scale, s, KV_TILE);

@@ -499,8 +499,7 @@ pub(crate) mod avx2 {
     }
 
     /// `(first row, rows)` of each kernel pass over `count` rows: four while
-    /// four are left, then two, then one.
-    /// Every pass keeps eight independent FMA chains (rows × keys for the
+    /// four are left, then two, then one. Every pass keeps eight independent FMA chains (rows × keys for the
     /// scores, rows × vectors for the accumulators): an FMA's four-cycle
     /// latency at two per cycle needs eight in flight, and three rows' six
     /// chains ran about 10% slower than one row at a time on f32 pools.
@@ -1008,7 +1007,6 @@ mod tests {
     /// Runs both tile kernels on `nq` rows at once (`vec`: the AVX2 path),
     /// returning the scores (`nq` rows, `stride` apart) and the updated
     /// accumulators.
-    #[allow(clippy::too_many_arguments)]
     fn tile_kernels<T: Elem>(
         vec: bool,
         qs: &[&[f32]],
