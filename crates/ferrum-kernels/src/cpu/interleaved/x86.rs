@@ -32,136 +32,151 @@ enum Offset {
 trait Format {
     const GROUP: usize;
     const OFFSET: Offset;
+    /// What chunk `c` (the pairs `W_{4c}..W_{4c+4}`) of rows `8u..8u + 8`
+    /// is unpacked from, loaded once for its four pairs.
+    type Chunk: Copy;
     /// `W_{8h}..W_{8h+8}` of all sixteen rows as pairs of i16.
     unsafe fn half512(g: *const u8, h: usize) -> [__m512i; 8];
-    /// What the slices of half `h` of rows `8u..8u + 8` share (the fifth-bit
-    /// plane of the 5-bit types), loaded once for its four slices.
-    #[inline(always)]
-    unsafe fn plane256(_g: *const u8, _h: usize, _u: usize) -> __m256i {
-        _mm256_setzero_si256()
-    }
-    /// `W_{2s}` and `W_{2s+1}` of rows `8u..8u + 8` alone (`plane` from
-    /// [`Format::plane256`] for half `s / 4`).
-    unsafe fn slice256(g: *const u8, s: usize, u: usize, plane: __m256i) -> [__m256i; 2];
+    /// Chunk `c` of rows `8u..8u + 8`.
+    unsafe fn chunk256(g: *const u8, c: usize, u: usize) -> Self::Chunk;
+    /// `W_{4c+j}` of the chunk's rows.
+    unsafe fn pair256(chunk: Self::Chunk, c: usize, j: usize) -> __m256i;
     /// `W_{8h}..W_{8h+8}` of rows `8u..8u + 8`.
     #[inline(always)]
     unsafe fn half256(g: *const u8, h: usize, u: usize) -> [__m256i; 8] {
-        let plane = Self::plane256(g, h, u);
         let mut w = [_mm256_setzero_si256(); 8];
-        for t in 0..4 {
-            [w[2 * t], w[2 * t + 1]] = Self::slice256(g, 4 * h + t, u, plane);
+        for t in 0..2 {
+            let c = 2 * h + t;
+            let chunk = Self::chunk256(g, c, u);
+            for j in 0..4 {
+                w[4 * t + j] = Self::pair256(chunk, c, j);
+            }
         }
         w
     }
 }
 
-/// Bytes of one `W_p` (or of one nibble slice): two per row.
+/// Bytes of one `W_p` of Q8_0: two per row.
 const LANE_BYTES: usize = 2 * ROWS;
 
-/// Four nibble slices from `qs + 128h`: each slice's low and high nibbles
-/// widened to two vectors.
+/// Bytes of one nibble chunk (or one fifth-bit plane): a word per row.
+const CHUNK_BYTES: usize = 4 * ROWS;
+
+/// Nibble `j` of each 16-bit lane of `x` (the 32-bit lanes' pair `j`).
 #[inline(always)]
-unsafe fn nibble_half512(qs: *const u8, h: usize) -> [__m512i; 8] {
-    let mask = _mm512_set1_epi16(0x0F);
-    let mut w = [_mm512_setzero_si512(); 8];
-    for s in 0..4 {
-        let x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(qs.add(LANE_BYTES * (4 * h + s)).cast()));
-        w[2 * s] = _mm512_and_si512(x, mask);
-        w[2 * s + 1] = _mm512_srli_epi16(x, 4);
+unsafe fn nibble256(x: __m256i, j: usize) -> __m256i {
+    let mask = _mm256_set1_epi16(0x0F);
+    match j {
+        0 => _mm256_and_si256(x, mask),
+        1 => _mm256_and_si256(_mm256_srli_epi16(x, 4), mask),
+        2 => _mm256_and_si256(_mm256_srli_epi16(x, 8), mask),
+        _ => _mm256_srli_epi16(x, 12),
     }
-    w
 }
 
-/// Nibble slice `s` of rows `8u..8u + 8` widened: `W_{2s}`, `W_{2s+1}`.
+/// [`nibble256`] in 512 bits.
 #[inline(always)]
-unsafe fn nibble_slice256(qs: *const u8, s: usize, u: usize) -> [__m256i; 2] {
-    let x = _mm256_cvtepu8_epi16(_mm_loadu_si128(qs.add(LANE_BYTES * s + 16 * u).cast()));
-    [
-        _mm256_and_si256(x, _mm256_set1_epi16(0x0F)),
-        _mm256_srli_epi16(x, 4),
-    ]
-}
-
-/// Fifth-bit plane `h` of rows `8u..8u + 8`, one i16 lane per `W_p` lane:
-/// bit `j` is the fifth bit of `W_{8h + j}`.
-#[inline(always)]
-unsafe fn fifth_plane256(qh: *const u8, h: usize, u: usize) -> __m256i {
-    _mm256_cvtepu8_epi16(_mm_loadu_si128(qh.add(LANE_BYTES * h + 16 * u).cast()))
+unsafe fn nibble512(x: __m512i, j: usize) -> __m512i {
+    let mask = _mm512_set1_epi16(0x0F);
+    match j {
+        0 => _mm512_and_si512(x, mask),
+        1 => _mm512_and_si512(_mm512_srli_epi16(x, 4), mask),
+        2 => _mm512_and_si512(_mm512_srli_epi16(x, 8), mask),
+        _ => _mm512_srli_epi16(x, 12),
+    }
 }
 
 /// Adds 16 to the lanes of `w` (`W_{8h}..W_{8h+8}`) whose fifth bit is
-/// set: a test of the plane's bit `j` into a mask register, then one
+/// set: a test of the plane's bit `8h + j` into a mask register, then one
 /// masked add each.
 #[inline(always)]
 unsafe fn add_fifth512(w: &mut [__m512i; 8], qh: *const u8, h: usize) {
-    let plane = _mm512_cvtepu8_epi16(_mm256_loadu_si256(qh.add(LANE_BYTES * h).cast()));
+    let plane = _mm512_loadu_si512(qh.cast());
     let sixteen = _mm512_set1_epi16(16);
     for (j, w) in w.iter_mut().enumerate() {
-        let hit = _mm512_test_epi16_mask(plane, _mm512_set1_epi16(1 << j));
+        let bit = _mm512_set1_epi16((1u16 << (8 * h + j)) as i16);
+        let hit = _mm512_test_epi16_mask(plane, bit);
         *w = _mm512_mask_add_epi16(*w, hit, *w, sixteen);
     }
 }
 
-/// [`add_fifth512`] for `W_{2s}`, `W_{2s+1}` of rows `8u..8u + 8`, without
-/// mask registers: the plane's bit `j` is shifted to bit 4 and or-ed in
-/// (the nibbles leave bit 4 clear).
+/// [`add_fifth512`] for `W_p` of rows `8u..8u + 8`, without mask
+/// registers: the plane's bit `p` is shifted to bit 4 and or-ed in (the
+/// nibbles leave bit 4 clear).
 #[inline(always)]
-unsafe fn add_fifth256(w: &mut [__m256i; 2], plane: __m256i, s: usize) {
-    for (t, w) in w.iter_mut().enumerate() {
-        let bit = match 2 * (s % 4) + t {
-            0 => _mm256_slli_epi16(plane, 4),
-            1 => _mm256_slli_epi16(plane, 3),
-            2 => _mm256_slli_epi16(plane, 2),
-            3 => _mm256_slli_epi16(plane, 1),
-            4 => plane,
-            5 => _mm256_srli_epi16(plane, 1),
-            6 => _mm256_srli_epi16(plane, 2),
-            _ => _mm256_srli_epi16(plane, 3),
-        };
-        *w = _mm256_or_si256(*w, _mm256_and_si256(bit, _mm256_set1_epi16(16)));
-    }
+unsafe fn add_fifth256(w: __m256i, plane: __m256i, p: usize) -> __m256i {
+    let bit = match p {
+        0 => _mm256_slli_epi16(plane, 4),
+        1 => _mm256_slli_epi16(plane, 3),
+        2 => _mm256_slli_epi16(plane, 2),
+        3 => _mm256_slli_epi16(plane, 1),
+        4 => plane,
+        5 => _mm256_srli_epi16(plane, 1),
+        6 => _mm256_srli_epi16(plane, 2),
+        7 => _mm256_srli_epi16(plane, 3),
+        8 => _mm256_srli_epi16(plane, 4),
+        9 => _mm256_srli_epi16(plane, 5),
+        10 => _mm256_srli_epi16(plane, 6),
+        11 => _mm256_srli_epi16(plane, 7),
+        12 => _mm256_srli_epi16(plane, 8),
+        13 => _mm256_srli_epi16(plane, 9),
+        14 => _mm256_srli_epi16(plane, 10),
+        _ => _mm256_srli_epi16(plane, 11),
+    };
+    _mm256_or_si256(w, _mm256_and_si256(bit, _mm256_set1_epi16(16)))
 }
 
 /// The 4- and 5-bit formats: nibbles after the scales (and the minimums,
-/// when `MIN`), then the fifth-bit planes when `FIFTH`; without minimums the
+/// when `MIN`), then the fifth-bit plane when `FIFTH`; without minimums the
 /// offset is −8·d (Q4_0) or −16·d (Q5_0).
 struct Nibbles<const MIN: bool, const FIFTH: bool>;
 impl<const MIN: bool, const FIFTH: bool> Nibbles<MIN, FIFTH> {
     /// Where the nibbles start.
     const QS: usize = if MIN { 2 * LANE_BYTES } else { LANE_BYTES };
-    /// Where the two fifth-bit planes start.
-    const QH: usize = Self::QS + 8 * LANE_BYTES;
+    /// Where the fifth-bit plane starts.
+    const QH: usize = Self::QS + 4 * CHUNK_BYTES;
 }
 impl<const MIN: bool, const FIFTH: bool> Format for Nibbles<MIN, FIFTH> {
-    const GROUP: usize = Self::QH + if FIFTH { 2 * LANE_BYTES } else { 0 };
+    const GROUP: usize = Self::QH + if FIFTH { CHUNK_BYTES } else { 0 };
     const OFFSET: Offset = match (MIN, FIFTH) {
         (true, _) => Offset::Min,
         (false, false) => Offset::Scaled(-8.0),
         (false, true) => Offset::Scaled(-16.0),
     };
+    /// The chunk's words and the plane's words of the same rows.
+    type Chunk = (__m256i, __m256i);
     #[inline(always)]
     unsafe fn half512(g: *const u8, h: usize) -> [__m512i; 8] {
-        let mut w = nibble_half512(g.add(Self::QS), h);
+        let mut w = [_mm512_setzero_si512(); 8];
+        for t in 0..2 {
+            let x = _mm512_loadu_si512(g.add(Self::QS + CHUNK_BYTES * (2 * h + t)).cast());
+            for j in 0..4 {
+                w[4 * t + j] = nibble512(x, j);
+            }
+        }
         if FIFTH {
             add_fifth512(&mut w, g.add(Self::QH), h);
         }
         w
     }
     #[inline(always)]
-    unsafe fn plane256(g: *const u8, h: usize, u: usize) -> __m256i {
-        if FIFTH {
-            fifth_plane256(g.add(Self::QH), h, u)
+    unsafe fn chunk256(g: *const u8, c: usize, u: usize) -> Self::Chunk {
+        let x = _mm256_loadu_si256(g.add(Self::QS + CHUNK_BYTES * c + 32 * u).cast());
+        let plane = if FIFTH {
+            _mm256_loadu_si256(g.add(Self::QH + 32 * u).cast())
         } else {
             _mm256_setzero_si256()
-        }
+        };
+        (x, plane)
     }
     #[inline(always)]
-    unsafe fn slice256(g: *const u8, s: usize, u: usize, plane: __m256i) -> [__m256i; 2] {
-        let mut w = nibble_slice256(g.add(Self::QS), s, u);
+    unsafe fn pair256((x, plane): Self::Chunk, c: usize, j: usize) -> __m256i {
+        let w = nibble256(x, j);
         if FIFTH {
-            add_fifth256(&mut w, plane, s);
+            add_fifth256(w, plane, 4 * c + j)
+        } else {
+            w
         }
-        w
     }
 }
 
@@ -174,6 +189,8 @@ struct Q80;
 impl Format for Q80 {
     const GROUP: usize = LANE_BYTES + 16 * LANE_BYTES;
     const OFFSET: Offset = Offset::No;
+    /// Where the chunk's first `W_p` of the half starts.
+    type Chunk = *const u8;
     #[inline(always)]
     unsafe fn half512(g: *const u8, h: usize) -> [__m512i; 8] {
         std::array::from_fn(|j| {
@@ -182,11 +199,12 @@ impl Format for Q80 {
         })
     }
     #[inline(always)]
-    unsafe fn slice256(g: *const u8, s: usize, u: usize, _: __m256i) -> [__m256i; 2] {
-        std::array::from_fn(|t| {
-            let p = g.add(LANE_BYTES * (1 + 2 * s + t) + 16 * u);
-            _mm256_cvtepi8_epi16(_mm_loadu_si128(p.cast()))
-        })
+    unsafe fn chunk256(g: *const u8, c: usize, u: usize) -> Self::Chunk {
+        g.add(LANE_BYTES * (1 + 4 * c) + 16 * u)
+    }
+    #[inline(always)]
+    unsafe fn pair256(p: Self::Chunk, _: usize, j: usize) -> __m256i {
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(LANE_BYTES * j).cast()))
     }
 }
 
@@ -194,12 +212,19 @@ impl Format for Q80 {
 /// activation values against the eight rows' pairs, without VNNI. The
 /// pairs are loaded four at a time into both 128-bit lanes and spread by
 /// `VPSHUFD`: a load plus a shuffle per pair runs ~20% faster on Zen 3 than
-/// a `VPBROADCASTD` from memory (Q5_0 `gemm_quant` bench, m = 8 and 64).
-#[inline(always)]
+/// a `VPBROADCASTD` from memory (Q5_0 `gemm_quant` bench, m = 8 and 64;
+/// with LLVM folding the shuffles back into broadcasts, m = 8 ran ~8%
+/// slower). Its own target feature lets the barrier name `ymm` registers;
+/// the AVX2 entry point inlines it.
+#[target_feature(enable = "avx2")]
+#[inline]
 unsafe fn dot8_256(dot: __m256i, w: &[__m256i; 8], a: *const i16) -> __m256i {
     let mut dot = dot;
-    let lo = _mm256_broadcastsi128_si256(_mm_loadu_si128(a.cast()));
-    let hi = _mm256_broadcastsi128_si256(_mm_loadu_si128(a.add(8).cast()));
+    let mut lo = _mm256_broadcastsi128_si256(_mm_loadu_si128(a.cast()));
+    let mut hi = _mm256_broadcastsi128_si256(_mm_loadu_si128(a.add(8).cast()));
+    // SAFETY: empty; it only hides the loads from LLVM, which would
+    // otherwise fold each shuffle of them back into a broadcast load.
+    asm!("/* {0} {1} */", inout(ymm_reg) lo, inout(ymm_reg) hi, options(pure, nomem, nostack, preserves_flags));
     let pairs = [
         _mm256_shuffle_epi32(lo, 0x00),
         _mm256_shuffle_epi32(lo, 0x55),
@@ -336,7 +361,8 @@ unsafe fn group256<F: Format, const M: usize>(
 /// [`group512`] in 256-bit vectors for up to four activation rows: both
 /// halves of the group at once, so each broadcast activation pair feeds
 /// both halves' multiplies and each block is prefetched once. Taken a
-/// nibble slice at a time, so that only one slice of weights is live.
+/// `W_p` at a time, so that only one pair of weight vectors is live
+/// beside the accumulators.
 /// Each lane sees the same operations as in [`group256`].
 #[inline(always)]
 unsafe fn group256x2<F: Format, const M: usize>(
@@ -348,33 +374,20 @@ unsafe fn group256x2<F: Format, const M: usize>(
 ) {
     let (k, stride) = (act.k, act.stride);
     let mut acc = [[_mm256_setzero_ps(); 2]; M];
-    let mut planes = [_mm256_setzero_si256(); 2];
     for b in 0..nb {
         let p = g.add(b * F::GROUP);
         prefetch_ahead(p, F::GROUP);
         let mut dots = [[_mm256_setzero_si256(); 2]; M];
-        for s in 0..8 {
-            if s % 4 == 0 {
-                planes = [F::plane256(p, s / 4, 0), F::plane256(p, s / 4, 1)];
-            }
-            let w = [
-                F::slice256(p, s, 0, planes[0]),
-                F::slice256(p, s, 1, planes[1]),
-            ];
-            for (c, dots) in dots.iter_mut().enumerate() {
-                let a = act
-                    .qs
-                    .as_ptr()
-                    .add((r0 + c) * k + 32 * b + 4 * s)
-                    .cast::<i32>();
-                let x = [
-                    _mm256_set1_epi32(a.read_unaligned()),
-                    _mm256_set1_epi32(a.add(1).read_unaligned()),
-                ];
-                for (dot, w) in dots.iter_mut().zip(&w) {
-                    let y0 = _mm256_madd_epi16(w[0], x[0]);
-                    let y1 = _mm256_madd_epi16(w[1], x[1]);
-                    *dot = _mm256_add_epi32(*dot, _mm256_add_epi32(y0, y1));
+        for c in 0..4 {
+            let chunks = [F::chunk256(p, c, 0), F::chunk256(p, c, 1)];
+            for j in 0..4 {
+                let w = [F::pair256(chunks[0], c, j), F::pair256(chunks[1], c, j)];
+                for (r, dots) in dots.iter_mut().enumerate() {
+                    let a = act.qs.as_ptr().add((r0 + r) * k + 32 * b + 2 * (4 * c + j));
+                    let x = _mm256_set1_epi32(a.cast::<i32>().read_unaligned());
+                    for (dot, w) in dots.iter_mut().zip(w) {
+                        *dot = _mm256_add_epi32(*dot, _mm256_madd_epi16(w, x));
+                    }
                 }
             }
         }
