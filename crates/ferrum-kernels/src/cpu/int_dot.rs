@@ -25,6 +25,22 @@ pub(crate) fn supports(ty: GgmlType) -> bool {
 /// Values per activation scale of these kernels: a k-quant super-block.
 pub(crate) const ACT_GROUP: usize = 256;
 
+/// Puts quantized activations (`act.group` = [`ACT_GROUP`]) in the order
+/// the kernels read them: in each run of 32 values, 0..8, 16..24, 8..16,
+/// 24..32. The kernels widen 32 weight bytes to i16 by unpacking each
+/// 128-bit lane against zero (or its signs), which gives values 0..8 with
+/// 16..24 and 8..16 with 24..32; matching the activations once per GEMM
+/// saves a lane-crossing extract and two lane-crossing widenings per 32
+/// weights per row. Sums and scales do not change; which products share an
+/// i32 lane does, so results move by float rounding from the unordered
+/// kernel (Gemma-3's perplexity by 2e-5 relative).
+pub(crate) fn order_activations(act: &mut ActRows, m: usize) {
+    for run in act.qs[..m * act.k].chunks_exact_mut(32) {
+        let (first, rest) = run.split_at_mut(16);
+        first[8..].swap_with_slice(&mut rest[..8]);
+    }
+}
+
 /// Whether the CPU has what every integer kernel needs: AVX2, FMA, F16C.
 pub(crate) fn has_avx2_f16c() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -207,15 +223,17 @@ pub(super) mod x86 {
         }
     }
 
-    /// 32 bytes widened to two vectors of 16 i16 (values 0..16 and 16..32).
+    /// 32 bytes widened to two vectors of 16 i16 within their 128-bit
+    /// lanes: values 0..8 and 16..24, then 8..16 and 24..32 (the order of
+    /// [`super::order_activations`]).
     #[inline(always)]
     unsafe fn widen(v: __m256i, unsigned: bool) -> (__m256i, __m256i) {
-        let (lo, hi) = (_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-        if unsigned {
-            (_mm256_cvtepu8_epi16(lo), _mm256_cvtepu8_epi16(hi))
+        let high = if unsigned {
+            _mm256_setzero_si256()
         } else {
-            (_mm256_cvtepi8_epi16(lo), _mm256_cvtepi8_epi16(hi))
-        }
+            _mm256_cmpgt_epi8(_mm256_setzero_si256(), v)
+        };
+        (_mm256_unpacklo_epi8(v, high), _mm256_unpackhi_epi8(v, high))
     }
 
     /// `acc` plus, per i32 lane, the two products of its pair of i16 lanes.
@@ -302,10 +320,13 @@ pub(super) mod x86 {
                     let mut wv = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
                     for (r, v) in wv.iter_mut().enumerate() {
                         let (lo, hi) = widen(F::bytes(p[r], g), F::UNSIGNED);
-                        *v = (
-                            _mm256_mullo_epi16(lo, _mm256_set1_epi16(h[r].scales[2 * g])),
-                            _mm256_mullo_epi16(hi, _mm256_set1_epi16(h[r].scales[2 * g + 1])),
+                        // Each vector holds eight values of either 16-value
+                        // sub-block: the first scale in the low lane.
+                        let scale = _mm256_set_m128i(
+                            _mm_set1_epi16(h[r].scales[2 * g + 1]),
+                            _mm_set1_epi16(h[r].scales[2 * g]),
                         );
+                        *v = (_mm256_mullo_epi16(lo, scale), _mm256_mullo_epi16(hi, scale));
                     }
                     for c in 0..M {
                         let a = qs.add(c * k + 256 * bi + 32 * g);
@@ -434,6 +455,7 @@ mod tests {
             let a: Vec<f32> = (0..8 * k).map(|_| rng.random_range(-2.0f32..2.0)).collect();
             let mut act = ActRows::default();
             act.quantize(&a, 8, k, ACT_GROUP);
+            super::order_activations(&mut act, 8);
             let rb = row.len() / 2;
             for m in 1..=8 {
                 let (mut x, mut y) = ([[0f32; 8]; 2], [[0f32; 8]; 2]);

@@ -96,6 +96,7 @@ pub(crate) fn gemm_gguf(
     } else if int_dot::supports(ty) {
         with_scratch(&ACT, |act| {
             act.quantize(a, m, k, int_dot::ACT_GROUP);
+            int_dot::order_activations(act, m);
             integer(act, w, ty, row_bytes, out, m, n);
         });
         Ok(())
