@@ -439,9 +439,10 @@ pub(super) unsafe fn dot_group_avx2(
     out: &mut [[f32; ROWS]; ACT_ROWS],
 ) {
     // Five to eight rows: twice four rows unpacks the weights twice, which
-    // the shared broadcasts more than pay for (Q8_0 ~25% faster, Q4_1 ~8%:
-    // `gemm_quant` bench, m = 8 and 64) except where the fifth bits make
-    // unpacking dear (Q5_0: one half for eight rows is ~20% faster).
+    // the shared broadcasts more than pay for (Q8_0 ~25% faster; Q4_1 with
+    // the word layout ~1.2x: `gemm_quant` bench, m = 8, one thread) except
+    // where the fifth bits make unpacking dear (Q5_0: one half for eight
+    // rows is ~20% faster, also re-measured with the word layout).
     match m {
         1..=4 => by_type!(ty, m, group256x2(g, nb, act, r0, out)),
         _ if matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1) => {
