@@ -9,6 +9,9 @@
 //! (within it), and Gemma-3-270m's three global layers (4 query heads on one
 //! KV head of 256) at 2,048. Throughput is pool bytes.
 //!
+//! Last, a batched decode step's attention: eight SmolLM2 sequences at 128
+//! and 512 keys, in FLOP/s.
+//!
 //! `cargo bench -p ferrum-kernels --bench attention`
 
 use std::time::Duration;
@@ -17,7 +20,7 @@ use criterion::measurement::WallTime;
 use criterion::{
     criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, Throughput,
 };
-use ferrum_kernels::{AttnConfig, Backend, CpuBackend, KvDtype, PagedKv};
+use ferrum_kernels::{AttnConfig, AttnSegment, Backend, CpuBackend, KvDtype, PagedKv};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// Causal attention of `nh` query heads on `nkv` KV heads of `hd`.
@@ -141,5 +144,76 @@ fn bench_paged_decode(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_attention, bench_paged_decode);
+/// One batched decode step's attention (`paged_attention_segments`) over
+/// SmolLM2-135M's 30 layers: eight sequences of `kv_len` keys each in f16
+/// pools, the shape of `ferrum bench --batch 8`. At short context the work
+/// per task is a few key tiles, so per-task and per-tile overheads show.
+fn bench_batch_decode(c: &mut Criterion) {
+    let mut group = c.benchmark_group("batch_decode");
+    short(&mut group);
+    let (bs, layers, nh, nkv, hd, seqs) = (16, 30, 9, 3, 64, 8);
+    let cfg = causal(nh, nkv, hd);
+    for kv_len in [128usize, 512] {
+        let per_seq = kv_len / bs;
+        let tables: Vec<Vec<u32>> = (0..seqs)
+            .map(|i| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect())
+            .collect();
+        let segs: Vec<AttnSegment> = tables
+            .iter()
+            .enumerate()
+            .map(|(i, t)| AttnSegment {
+                pages: PagedKv {
+                    block_table: t,
+                    block_size: bs,
+                },
+                offset: i * nh * hd,
+                q_len: 1,
+                kv_len,
+                pos_offset: kv_len - 1,
+            })
+            .collect();
+        let len = seqs * per_seq * segs[0].pages.block_len(nkv, hd);
+        let mut rng = StdRng::seed_from_u64(2);
+        let values: Vec<f32> = (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let src = CpuBackend::from_slice(&values);
+        let q = CpuBackend::from_slice(&values[..seqs * nh * hd]);
+        let mut out = CpuBackend::alloc(seqs * nh * hd);
+        let pool = || {
+            let mut p = CpuBackend::alloc_kv(len, KvDtype::F16);
+            CpuBackend::copy_slice(&mut (), &src, 0, &mut p, 0, len);
+            p
+        };
+        let pools: Vec<_> = (0..layers).map(|_| (pool(), pool())).collect();
+        group.throughput(Throughput::Elements(
+            (4 * layers * seqs * nh * hd * kv_len) as u64,
+        ));
+        group.bench_with_input(
+            BenchmarkId::new("smollm2_8seqs", format!("kv{kv_len}")),
+            &(),
+            |b, _| {
+                b.iter(|| {
+                    for (k, v) in &pools {
+                        CpuBackend::paged_attention_segments(
+                            &mut (),
+                            &q,
+                            k,
+                            v,
+                            &segs,
+                            &mut out,
+                            &cfg,
+                        );
+                    }
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_attention,
+    bench_paged_decode,
+    bench_batch_decode
+);
 criterion_main!(benches);
