@@ -72,13 +72,15 @@ fn bench_gemm_quant(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(1));
     let mut rng = StdRng::seed_from_u64(1);
     // Qwen2.5-0.5B Q4_K_M: gate/up (k = 896, legacy types as 896 is not a
-    // multiple of 256) and down (k = 4,864, k-quants).
-    for (t, n, k) in [
-        (Q4_1, 4864, 896),
-        (Q5_0, 4864, 896),
-        (Q8_0, 4864, 896),
-        (Q4K, 896, 4864),
-        (Q6K, 896, 4864),
+    // multiple of 256) and down (k = 4,864, k-quants); Q4_1 also with
+    // 8-bit activations (`int8_activations`, where this CPU takes them).
+    for (t, n, k, int8_activations) in [
+        (Q4_1, 4864, 896, false),
+        (Q4_1, 4864, 896, true),
+        (Q5_0, 4864, 896, false),
+        (Q8_0, 4864, 896, false),
+        (Q4K, 896, 4864, false),
+        (Q6K, 896, 4864, false),
     ] {
         let bytes = random_blocks(&mut rng, t, n, k);
         let qw = CpuBackend::load_gguf(&bytes, t, n, k).unwrap_or_else(|e| panic!("{e}"));
@@ -88,7 +90,15 @@ fn bench_gemm_quant(c: &mut Criterion) {
             zeros: None,
             g_idx: None,
         };
-        let kind = QuantKind::Gguf { quant_type: t };
+        let kind = QuantKind::Gguf {
+            quant_type: t,
+            int8_activations,
+        };
+        let name = if int8_activations {
+            format!("{t:?}_int8")
+        } else {
+            format!("{t:?}")
+        };
         for m in [1usize, 8, 64] {
             let a: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
             let a = CpuBackend::from_slice(&a);
@@ -98,7 +108,7 @@ fn bench_gemm_quant(c: &mut Criterion) {
             } else {
                 group.throughput(Throughput::Elements((2 * m * n * k) as u64));
             }
-            group.bench_with_input(BenchmarkId::new(format!("{t:?}"), m), &m, |b, &m| {
+            group.bench_with_input(BenchmarkId::new(&name, m), &m, |b, &m| {
                 b.iter_custom(|iters| {
                     pool.install(|| {
                         let t = Instant::now();

@@ -35,7 +35,19 @@ pub enum QuantKind {
     /// differently from GPTQ.
     Awq { bits: u32, group_size: usize },
     /// A GGUF block format; the sub-type fully determines the layout.
-    Gguf { quant_type: GgufQuantType },
+    ///
+    /// `int8_activations`: the layer tolerates its input rounded to 8 bits
+    /// per 32 values, so a backend with such a kernel for `quant_type` may
+    /// use it where it is faster (the CPU's, for Q4_1 on AVX2 without
+    /// VNNI: twice the multiplies per instruction). A model sets it per
+    /// layer role, where the rounding was measured not to move perplexity;
+    /// elsewhere the backend's own activation precision applies. (Not in
+    /// the interface this was specified from, which has the quant type
+    /// alone: the precision is the model's call, the kernel the backend's.)
+    Gguf {
+        quant_type: GgufQuantType,
+        int8_activations: bool,
+    },
 }
 
 /// GGUF block formats that have `gemm_quant` kernels. Grows as kernels land.

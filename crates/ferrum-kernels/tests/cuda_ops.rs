@@ -107,6 +107,7 @@ fn quantized_gemm_every_block_type() {
         let gw = G::from_slice(&pack_bytes(&bytes));
         let kind = QuantKind::Gguf {
             quant_type: GgufQuantType::from_ggml(ty).unwrap(),
+            int8_activations: false,
         };
         for m in [1, 5, 8, 33] {
             let a = rand_vec(&mut rng, m * k);

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
 
-use ferrum_kernels::cpu::integer_activation_group;
+use ferrum_kernels::cpu::{integer_activation_group, takes_int8_activations};
 use ferrum_kernels::quant::act::quantize_act;
 use ferrum_kernels::quant::dequantize;
 use ferrum_kernels::{pack_bytes, Backend, CpuBackend, GgufQuantType, QuantKind, QuantWeights};
@@ -42,7 +42,7 @@ fn random_blocks(rng: &mut StdRng, t: GgufQuantType, rows: usize, k: usize) -> V
 /// `gemm_quant` of `m` random rows against `bytes` (`n` rows of type `t`),
 /// loaded as a model loads them.
 fn run_gemm(t: GgufQuantType, bytes: &[u8], a: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
-    run_gemm_on(&B::load_gguf(bytes, t, n, k).unwrap(), t, a, m, n, k)
+    run_gemm_on(&B::load_gguf(bytes, t, n, k).unwrap(), t, a, m, n, k, false)
 }
 
 fn run_gemm_on(
@@ -52,6 +52,7 @@ fn run_gemm_on(
     m: usize,
     n: usize,
     k: usize,
+    int8_activations: bool,
 ) -> Vec<f32> {
     let mut out = B::from_slice(&vec![f32::NAN; m * n]);
     let weights = QuantWeights::<B> {
@@ -60,7 +61,10 @@ fn run_gemm_on(
         zeros: None,
         g_idx: None,
     };
-    let kind = QuantKind::Gguf { quant_type: t };
+    let kind = QuantKind::Gguf {
+        quant_type: t,
+        int8_activations,
+    };
     B::gemm_quant(
         &mut (),
         &B::from_slice(a),
@@ -103,6 +107,24 @@ fn check_integer(
         let dr = i * groups..(i + 1) * groups;
         quantize_act(&a[rows.clone()], group, &mut qs[rows], &mut d[dr]);
     }
+    let step = |c: usize| d[c / group] as f64;
+    let ahat: Vec<f64> = (0..m * k).map(|c| qs[c] as f64 * step(c)).collect();
+    let steps: Vec<f64> = (0..m * k).map(step).collect();
+    check_quantized(t, w, a, &ahat, &steps, got, (m, n, k));
+}
+
+/// The bounds of [`check_integer`] for activations `ahat`, each the
+/// rounding of `a` to a multiple of its own `steps`.
+#[allow(clippy::too_many_arguments)]
+fn check_quantized(
+    t: GgufQuantType,
+    w: &[f32],
+    a: &[f32],
+    ahat: &[f64],
+    steps: &[f64],
+    got: &[f32],
+    (m, n, k): (usize, usize, usize),
+) {
     let blocks = k / 32;
     for i in 0..m {
         for j in 0..n {
@@ -110,12 +132,11 @@ fn check_integer(
             let wmax = wr.iter().fold(0f64, |x, v| x.max(v.abs() as f64));
             let (mut want, mut exact, mut mag, mut quant_err) = (0f64, 0f64, 0f64, 0f64);
             for c in 0..k {
-                let dq = d[i * groups + c / group] as f64;
-                let ahat = qs[i * k + c] as f64 * dq;
+                let ahat = ahat[i * k + c];
                 want += ahat * wr[c] as f64;
                 exact += a[i * k + c] as f64 * wr[c] as f64;
                 mag += ahat.abs() * 3.0 * wmax;
-                quant_err += dq / 2.0 * (wr[c] as f64).abs();
+                quant_err += steps[i * k + c] / 2.0 * (wr[c] as f64).abs();
             }
             let got = got[i * n + j] as f64;
             let tol = (3.0 * blocks as f64 + 16.0) * 2f64.powi(-24) * mag + 1e-30;
@@ -129,6 +150,24 @@ fn check_integer(
             );
         }
     }
+}
+
+/// 8-bit activations as `QuantKind::Gguf::int8_activations` documents them:
+/// per 32 values `d = max|x| / 127`, `q = round_half_even(x · (1/d))`.
+/// Returns the dequantized values and each one's step `d`.
+fn int8_reference(a: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    let (mut ahat, mut steps) = (Vec::new(), Vec::new());
+    for g in a.chunks_exact(32) {
+        let d = g.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+        for &x in g {
+            let q = (x * inv).round_ties_even();
+            assert!(q.abs() <= 127.0);
+            ahat.push(q as f64 * d as f64);
+            steps.push(d as f64);
+        }
+    }
+    (ahat, steps)
 }
 
 /// Other types compute in f32 from identical dequantized values, so only
@@ -173,6 +212,35 @@ fn every_block_type_matches_dequantized_gemm() {
     }
 }
 
+/// With `int8_activations`, the types whose kernel takes 8-bit activations
+/// here match dequantize-then-GEMM on the 8-bit reference activations with
+/// the 16-bit kernels' bounds (so the test fails if the flag were ignored:
+/// 15-bit activations differ from 8-bit ones by far more), and the other
+/// types give exactly what they give without the flag.
+#[test]
+fn int8_activations_match_their_reference() {
+    use GgufQuantType::*;
+    let mut rng = StdRng::seed_from_u64(6);
+    for t in [Q4_0, Q4_1, Q5_0, Q8_0, Q4K, Q6K] {
+        let k = 3 * t.ggml().block_size();
+        for &(m, n) in &[(1, 17), (3, 5), (5, 16), (8, 33), (9, 130), (70, 19)] {
+            let bytes = random_blocks(&mut rng, t, n, k);
+            let qw = B::load_gguf(&bytes, t, n, k).unwrap();
+            let a: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            let got = run_gemm_on(&qw, t, &a, m, n, k, true);
+            if takes_int8_activations(t) {
+                let mut w = vec![0f32; n * k];
+                dequantize(t.ggml(), &bytes, &mut w).unwrap();
+                let (ahat, steps) = int8_reference(&a);
+                check_quantized(t, &w, &a, &ahat, &steps, &got, (m, n, k));
+            } else {
+                let without = run_gemm_on(&qw, t, &a, m, n, k, false);
+                assert_eq!(got, without, "{t:?} m{m} n{n}");
+            }
+        }
+    }
+}
+
 /// A row's result is the same bits whether it is computed alone or among
 /// other rows (in any position): the engine relies on it for batched ==
 /// alone at temperature 0.
@@ -188,12 +256,17 @@ fn rows_do_not_depend_on_their_batch() {
         let bytes = random_blocks(&mut rng, t, n, k);
         // 75 rows end in a group of three, 66 in a group of two: the
         // kernels take different shapes for one, two and more rows.
-        for m in [75, 66] {
+        let qw = B::load_gguf(&bytes, t, n, k).unwrap();
+        for (m, int8) in [(75, false), (66, false), (75, true), (66, true)] {
             let a: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-            let all = run_gemm(t, &bytes, &a, m, n, k);
+            let all = run_gemm_on(&qw, t, &a, m, n, k, int8);
             for i in [0, 5, 8, 63, 64, m - 1] {
-                let alone = run_gemm(t, &bytes, &a[i * k..(i + 1) * k], 1, n, k);
-                assert_eq!(alone, all[i * n..(i + 1) * n], "{t:?} m {m} row {i}");
+                let alone = run_gemm_on(&qw, t, &a[i * k..(i + 1) * k], 1, n, k, int8);
+                assert_eq!(
+                    alone,
+                    all[i * n..(i + 1) * n],
+                    "{t:?} m {m} row {i} int8 {int8}"
+                );
             }
         }
     }
@@ -214,7 +287,7 @@ fn blocks_in_the_file_layout_still_compute() {
         let mut w = vec![0f32; n * k];
         dequantize(t.ggml(), &bytes, &mut w).unwrap();
         let a: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-        let got = run_gemm_on(&B::from_slice(&pack_bytes(&bytes)), t, &a, m, n, k);
+        let got = run_gemm_on(&B::from_slice(&pack_bytes(&bytes)), t, &a, m, n, k, false);
         check_f32(t, &w, &a, &got, m, n, k);
     }
 }
@@ -222,7 +295,10 @@ fn blocks_in_the_file_layout_still_compute() {
 #[test]
 fn short_buffers_and_ragged_k_are_errors() {
     let t = GgufQuantType::Q8_0;
-    let kind = QuantKind::Gguf { quant_type: t };
+    let kind = QuantKind::Gguf {
+        quant_type: t,
+        int8_activations: false,
+    };
     let a = B::alloc(64);
     let mut out = B::alloc(8);
     // The file's layout, and the one load_gguf chose (interleaved where the
@@ -255,6 +331,7 @@ fn short_buffers_and_ragged_k_are_errors() {
     if integer_activation_group(t) == Some(32) {
         let other = QuantKind::Gguf {
             quant_type: GgufQuantType::Q4_0,
+            int8_activations: false,
         };
         assert!(
             B::gemm_quant(&mut (), &a, &w, &mut out, 1, 2, 64, &other).is_err(),

@@ -45,7 +45,8 @@
 //!
 //! Every output is computed by one lane through the same instructions for
 //! any number of activation rows (the engine's batched == alone guarantee),
-//! and by the same instructions in either vector width:
+//! and, with 16-bit activations, by the same instructions in either vector
+//! width (8-bit ones, for Q4_1 on AVX2 only, round the inputs differently):
 //! per block `acc = fma(float(Σ w·a), d·d_a, acc)`, then for types with an
 //! offset `acc = fma(o, d_a·Σa, acc)`.
 
@@ -72,6 +73,12 @@ const ACT_ROWS: usize = 8;
 /// module's kernels) on this CPU.
 pub(crate) fn supports(ty: GgmlType) -> bool {
     legacy(ty) && super::int_dot::has_avx2_f16c()
+}
+
+/// Whether Q4_1 may take 8-bit activations ([`ActRows::quantize8`]): on
+/// AVX2 without VNNI (see `quant_gemm::gemm_gguf`).
+pub(crate) fn has_act8_kernel() -> bool {
+    supports(GgmlType::Q4_1) && !super::int_dot::has_vnni()
 }
 
 fn legacy(ty: GgmlType) -> bool {
@@ -276,12 +283,17 @@ fn dot_group(
     {
         let nb = act.k / 32;
         assert!(supports(ty) && gw.len() == nb * group_bytes(ty) && (1..=ACT_ROWS).contains(&m));
-        assert!(act.qs.len() >= (r0 + m) * act.k && act.d.len() >= (r0 + m) * act.stride);
+        let values = if act.a8 { act.q8.len() } else { act.qs.len() };
+        assert!(values >= (r0 + m) * act.k && act.d.len() >= (r0 + m) * act.stride);
+        assert!(
+            !act.a8 || ty == GgmlType::Q4_1,
+            "8-bit activations are for Q4_1 only"
+        );
         // SAFETY: `supports` checked AVX2/FMA/F16C (and `has_vnni` the
         // AVX-512 kernel's features); the extents asserted above are what
         // they read.
         unsafe {
-            if super::int_dot::has_vnni() {
+            if super::int_dot::has_vnni() && !act.a8 {
                 x86::dot_group_avx512(ty, gw.as_ptr(), nb, act, r0, m, out)
             } else {
                 x86::dot_group_avx2(ty, gw.as_ptr(), nb, act, r0, m, out)

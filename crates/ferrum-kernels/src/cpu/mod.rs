@@ -92,6 +92,13 @@ pub fn simd_level() -> &'static str {
     }
 }
 
+/// Whether `gemm_quant` with `ty` weights (loaded by [`Backend::load_gguf`])
+/// honours `QuantKind::Gguf::int8_activations` on this CPU: 8-bit values
+/// per 32, with the scale `max|x| / 127`, rounded half to even.
+pub fn takes_int8_activations(ty: crate::GgufQuantType) -> bool {
+    ty == crate::GgufQuantType::Q4_1 && interleaved::has_act8_kernel()
+}
+
 /// The activation group size when `gemm_quant` with `ty` weights (loaded
 /// by [`Backend::load_gguf`]) quantizes the activations
 /// ([`crate::quant::act`]) and uses integer dot products on this CPU;
@@ -251,11 +258,15 @@ impl Backend for CpuBackend {
         kind: &QuantKind,
     ) -> Result<()> {
         match kind {
-            QuantKind::Gguf { quant_type } => quant_gemm::gemm_gguf(
+            QuantKind::Gguf {
+                quant_type,
+                int8_activations,
+            } => quant_gemm::gemm_gguf(
                 a,
                 packed_bytes(weights.qweight),
                 quant_type.ggml(),
                 weights.qweight.interleaved,
+                *int8_activations,
                 out,
                 m,
                 n,

@@ -49,13 +49,17 @@ fn with_scratch<T: Default + 'static, R>(
 }
 
 /// `out[m, n] = a[m, k] · dequant(w)[n, k]ᵀ` with `w` in `ty` blocks, in
-/// the interleaved layout if `interleaved` says so (and names `ty`).
+/// the interleaved layout if `interleaved` says so (and names `ty`). With
+/// `int8_activations`, Q4_1 in that layout takes 8-bit activations where
+/// the CPU has AVX2 but not VNNI (whose 16-bit `VPDPWSSD` already does as
+/// many multiplies per instruction as `PMADDUBSW`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_gguf(
     a: &[f32],
     w: &[u8],
     ty: GgmlType,
     interleaved: Option<GgmlType>,
+    int8_activations: bool,
     out: &mut [f32],
     m: usize,
     n: usize,
@@ -88,8 +92,13 @@ pub(crate) fn gemm_gguf(
     }
     let (a, out) = (&a[..m * k], &mut out[..m * n]);
     if interleaved.is_some() {
+        let act8 = int8_activations && ty == GgmlType::Q4_1 && interleaved::has_act8_kernel();
         with_scratch(&ACT, |act| {
-            act.quantize(a, m, k, 32);
+            if act8 {
+                act.quantize8(a, m, k);
+            } else {
+                act.quantize(a, m, k, 32);
+            }
             interleaved::gemm(act, w, ty, out, m, n);
         });
         Ok(())

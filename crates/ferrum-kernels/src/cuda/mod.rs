@@ -603,7 +603,7 @@ impl Backend for CudaBackend {
         k: usize,
         kind: &QuantKind,
     ) -> Result<()> {
-        let QuantKind::Gguf { quant_type } = kind else {
+        let QuantKind::Gguf { quant_type, .. } = kind else {
             return Err(FerrumError::unsupported(format!(
                 "CUDA gemm_quant({kind:?}): only GGUF block formats"
             )));
