@@ -76,7 +76,7 @@ impl ActRows {
     /// line up with them for `PMADDUBSW`.
     ///
     /// Only for CPUs with AVX2 (the caller checks
-    /// [`super::interleaved::has_act8_kernel`]).
+    /// [`super::interleaved::takes_act8`]).
     pub(crate) fn quantize8(&mut self, a: &[f32], m: usize, k: usize) {
         debug_assert!(k.is_multiple_of(32) && a.len() >= m * k);
         let stride = (k / 32).next_multiple_of(8);

@@ -75,10 +75,10 @@ pub(crate) fn supports(ty: GgmlType) -> bool {
     legacy(ty) && super::int_dot::has_avx2_f16c()
 }
 
-/// Whether Q4_1 may take 8-bit activations ([`ActRows::quantize8`]): on
-/// AVX2 without VNNI (see `quant_gemm::gemm_gguf`).
-pub(crate) fn has_act8_kernel() -> bool {
-    supports(GgmlType::Q4_1) && !super::int_dot::has_vnni()
+/// Whether `ty` may take 8-bit activations ([`ActRows::quantize8`]): Q4_1,
+/// on AVX2 without VNNI (see `quant_gemm::gemm_gguf`).
+pub(crate) fn takes_act8(ty: GgmlType) -> bool {
+    ty == GgmlType::Q4_1 && supports(ty) && !super::int_dot::has_vnni()
 }
 
 fn legacy(ty: GgmlType) -> bool {

@@ -96,7 +96,7 @@ pub fn simd_level() -> &'static str {
 /// honours `QuantKind::Gguf::int8_activations` on this CPU: 8-bit values
 /// per 32, with the scale `max|x| / 127`, rounded half to even.
 pub fn takes_int8_activations(ty: crate::GgufQuantType) -> bool {
-    ty == crate::GgufQuantType::Q4_1 && interleaved::has_act8_kernel()
+    interleaved::takes_act8(ty.ggml())
 }
 
 /// The activation group size when `gemm_quant` with `ty` weights (loaded

@@ -92,7 +92,7 @@ pub(crate) fn gemm_gguf(
     }
     let (a, out) = (&a[..m * k], &mut out[..m * n]);
     if interleaved.is_some() {
-        let act8 = int8_activations && ty == GgmlType::Q4_1 && interleaved::has_act8_kernel();
+        let act8 = int8_activations && interleaved::takes_act8(ty);
         with_scratch(&ACT, |act| {
             if act8 {
                 act.quantize8(a, m, k);

@@ -232,32 +232,29 @@ impl<B: Backend> Linear<B> {
     /// Moves an `[n, k]` weight into backend memory (blocks in the layout
     /// the backend's `gemm_quant` reads).
     fn upload(raw: Raw, n: usize, k: usize) -> Result<Self> {
-        Self::upload_with(raw, n, k, false)
-    }
-
-    /// [`Linear::upload`] for a projection whose input may be rounded to
-    /// 8 bits per 32 values (`QuantKind::Gguf::int8_activations`): the
-    /// attention output and the MLP's gate/up. Rounding those moved
-    /// SmolLM2-135M Q4_1's perplexity by -0.04% on GPL-3 and +0.015% on a
-    /// 31K-token corpus of other licence texts (`ferrum perplexity --ctx
-    /// 512`), where rounding every projection's input moved it +0.35% and
-    /// +0.17%, the Q/K/V input alone +0.24% and +0.07%, and these two with
-    /// the down projection's +0.14% on both.
-    fn upload_int8_input(raw: Raw, n: usize, k: usize) -> Result<Self> {
-        Self::upload_with(raw, n, k, true)
-    }
-
-    fn upload_with(raw: Raw, n: usize, k: usize, int8_activations: bool) -> Result<Self> {
         Ok(match raw {
             Raw::F32(v) => Linear::Dense(B::from_slice(&v)),
             Raw::Blocks { bytes, ty } => Linear::Quant(
                 B::load_gguf(&bytes, ty, n, k)?,
                 QuantKind::Gguf {
                     quant_type: ty,
-                    int8_activations,
+                    int8_activations: false,
                 },
             ),
         })
+    }
+
+    /// Sets `QuantKind::Gguf::int8_activations` (a dense weight has none).
+    fn set_int8_input(&mut self, on: bool) {
+        if let Linear::Quant(
+            _,
+            QuantKind::Gguf {
+                int8_activations, ..
+            },
+        ) = self
+        {
+            *int8_activations = on;
+        }
     }
 
     /// `out[m, n] = x[m, k] · Wᵀ`.
@@ -475,6 +472,24 @@ pub struct Weights<B: Backend> {
     pub lm_head: Option<Linear<B>>,
 }
 
+impl<B: Backend> Weights<B> {
+    /// Lets the attention output and the MLP's gate/up projections take
+    /// their input rounded to 8 bits per 32 values
+    /// (`QuantKind::Gguf::int8_activations`), or not (`on = false`: every
+    /// projection keeps the backend's own precision). Those two roles only:
+    /// on SmolLM2-135M Q4_1 (`ferrum perplexity --ctx 512`) they moved
+    /// perplexity by -0.04% on GPL-3 and +0.015% on a 31K-token corpus of
+    /// other licence texts, where rounding every projection's input moved
+    /// it +0.35% and +0.17%, the Q/K/V input alone +0.24% and +0.07%, and
+    /// these two with the down projection's +0.14% on both.
+    pub fn set_int8_inputs(&mut self, on: bool) {
+        for l in &mut self.layers {
+            l.o.set_int8_input(on);
+            l.gate_up.set_int8_input(on);
+        }
+    }
+}
+
 /// llama.cpp interleaves Q/K rows in GGUF `llama` checkpoints; this maps
 /// each row of the original (half-split RoPE) order to its GGUF row: within
 /// a head, original row `j·hd/2 + i` is GGUF row `2i + j`.
@@ -566,7 +581,7 @@ impl<B: Backend> Weights<B> {
             layers.push(LayerWeights {
                 attn_norm: norm(&name(AttnNorm, i), h)?,
                 qkv,
-                o: Linear::upload_int8_input(require(src, &name(O, i), h * qd)?, h, qd)?,
+                o: Linear::upload(require(src, &name(O, i), h * qd)?, h, qd)?,
                 q_norm: if cfg.qk_norm {
                     opt_norm(QNorm, hd)?
                 } else {
@@ -588,7 +603,7 @@ impl<B: Backend> Weights<B> {
                 } else {
                     None
                 },
-                gate_up: Linear::upload_int8_input(gate_up, 2 * im, h)?,
+                gate_up: Linear::upload(gate_up, 2 * im, h)?,
                 down: Linear::upload(require(src, &name(Down, i), h * im)?, h, im)?,
             });
         }
@@ -665,12 +680,12 @@ impl<B: Backend> Weights<B> {
             random_blocks(g, rows * k / bs, salt)
                 .ok_or_else(|| FerrumError::unsupported(format!("random weights in {g:?}")))
         };
-        let mut linear = |rows: usize, k: usize, int8_input: bool| -> Result<Linear<B>> {
+        let mut linear = |rows: usize, k: usize| -> Result<Linear<B>> {
             let raw = Raw::Blocks {
                 bytes: blocks(rows, k)?.into(),
                 ty,
             };
-            Linear::upload_with(raw, rows, k, int8_input)
+            Linear::upload(raw, rows, k)
         };
         let ones = |n: usize| B::from_slice(&vec![1.0; n]);
         let mut layers = Vec::with_capacity(cfg.layers);
@@ -678,20 +693,20 @@ impl<B: Backend> Weights<B> {
             layers.push(LayerWeights {
                 attn_norm: ones(h),
                 qkv: Qkv::Fused {
-                    w: linear(qd + 2 * kvd, h, false)?,
+                    w: linear(qd + 2 * kvd, h)?,
                     bias: cfg.qkv_bias.then(|| B::alloc(qd + 2 * kvd)),
                 },
-                o: linear(h, qd, true)?,
+                o: linear(h, qd)?,
                 q_norm: cfg.qk_norm.then(|| ones(cfg.head_dim)),
                 k_norm: cfg.qk_norm.then(|| ones(cfg.head_dim)),
                 post_attn_norm: cfg.sandwich_norms.then(|| ones(h)),
                 ffn_norm: ones(h),
                 post_ffn_norm: cfg.sandwich_norms.then(|| ones(h)),
-                gate_up: linear(2 * im, h, true)?,
-                down: linear(h, im, false)?,
+                gate_up: linear(2 * im, h)?,
+                down: linear(h, im)?,
             });
         }
-        let lm_head = Some(linear(cfg.vocab, h, false)?);
+        let lm_head = Some(linear(cfg.vocab, h)?);
         let bytes: Bytes = random_blocks(g, cfg.vocab * h / bs, seed ^ 0xE3B)
             .ok_or_else(|| FerrumError::unsupported(format!("random weights in {g:?}")))?
             .into();
