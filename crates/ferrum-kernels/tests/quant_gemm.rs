@@ -153,14 +153,36 @@ fn check_quantized(
 }
 
 /// 8-bit activations as `QuantKind::Gguf::int8_activations` documents them:
-/// per 32 values `d = max|x| / 127`, `q = round_half_even(x · (1/d))`.
-/// Returns the dequantized values and each one's step `d`.
+/// per 32 values, the largest is kept exact if its square is over 25/32 of
+/// the block's sum of squares (`|x| > 5 · rms`); of the others,
+/// `d = max|x| / 127`, `q = round_half_even(x · (1/d))`. Returns the
+/// dequantized values and each one's step (`d`, or 0 for an exact one).
+/// Panics on a block too near the threshold for the kernel's f32 sum of
+/// squares to be sure to decide it the same way.
 fn int8_reference(a: &[f32]) -> (Vec<f64>, Vec<f64>) {
     let (mut ahat, mut steps) = (Vec::new(), Vec::new());
     for g in a.chunks_exact(32) {
-        let d = g.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+        let sum_sq: f64 = g.iter().map(|&v| v as f64 * v as f64).sum();
+        let max = g.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let share = max as f64 * max as f64 / sum_sq.max(1e-300);
+        assert!(
+            (share - 25.0 / 32.0).abs() > 1e-3,
+            "test data too near the threshold"
+        );
+        let spike = (share > 25.0 / 32.0).then(|| g.iter().position(|v| v.abs() == max).unwrap());
+        let rest = g
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| Some(i) != spike)
+            .fold(0f32, |m, (_, v)| m.max(v.abs()));
+        let d = rest / 127.0;
         let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-        for &x in g {
+        for (i, &x) in g.iter().enumerate() {
+            if Some(i) == spike {
+                ahat.push(x as f64);
+                steps.push(0.0);
+                continue;
+            }
             let q = (x * inv).round_ties_even();
             assert!(q.abs() <= 127.0);
             ahat.push(q as f64 * d as f64);
@@ -168,6 +190,18 @@ fn int8_reference(a: &[f32]) -> (Vec<f64>, Vec<f64>) {
         }
     }
     (ahat, steps)
+}
+
+/// Activations in -1..1 with a spike of 2..20 (either sign) in one value
+/// of about every third 32-value block: outliers for 8-bit activations
+/// where over ~6.
+fn spiky_activations(rng: &mut StdRng, len: usize) -> Vec<f32> {
+    let mut a: Vec<f32> = (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    for _ in 0..len / 96 {
+        let i = rng.random_range(0..len);
+        a[i] = rng.random_range(2.0f32..20.0) * if rng.random() { 1.0 } else { -1.0 };
+    }
+    a
 }
 
 /// Other types compute in f32 from identical dequantized values, so only
@@ -226,7 +260,7 @@ fn int8_activations_match_their_reference() {
         for &(m, n) in &[(1, 17), (3, 5), (5, 16), (8, 33), (9, 130), (70, 19)] {
             let bytes = random_blocks(&mut rng, t, n, k);
             let qw = B::load_gguf(&bytes, t, n, k).unwrap();
-            let a: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            let a = spiky_activations(&mut rng, m * k);
             let got = run_gemm_on(&qw, t, &a, m, n, k, true);
             if takes_int8_activations(t) {
                 let mut w = vec![0f32; n * k];
@@ -258,7 +292,7 @@ fn rows_do_not_depend_on_their_batch() {
         // kernels take different shapes for one, two and more rows.
         let qw = B::load_gguf(&bytes, t, n, k).unwrap();
         for (m, int8) in [(75, false), (66, false), (75, true), (66, true)] {
-            let a: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            let a = spiky_activations(&mut rng, m * k);
             let all = run_gemm_on(&qw, t, &a, m, n, k, int8);
             for i in [0, 5, 8, 63, 64, m - 1] {
                 let alone = run_gemm_on(&qw, t, &a[i * k..(i + 1) * k], 1, n, k, int8);

@@ -249,6 +249,11 @@ fn group_task(
         for r0 in block.clone().step_by(ACT_ROWS) {
             let rows = ACT_ROWS.min(block.end - r0);
             dot_group(ty, gw, act, r0, rows, &mut res);
+            if act.a8 {
+                for (c, res) in res[..rows].iter_mut().enumerate() {
+                    add_outliers(gw, act, r0 + c, res);
+                }
+            }
             for (c, res) in res[..rows].iter().enumerate() {
                 // SAFETY: row r0 + c < m and columns j0..j0 + valid ≤ n of
                 // `out` ([m, n], checked by the caller); only this task
@@ -304,6 +309,28 @@ fn dot_group(
     {
         let _ = (ty, gw, act, r0, m, out);
         unreachable!("supports() is false off x86-64");
+    }
+}
+
+/// Adds row `r`'s 8-bit outliers ([`ActRows::row_outliers`]) against the
+/// group's Q4_1 weights `gw` to `out`.
+fn add_outliers(gw: &[u8], act: &ActRows, r: usize, out: &mut [f32; ROWS]) {
+    let outliers = act.row_outliers(r);
+    if outliers.is_empty() {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        assert!(takes_act8(GgmlType::Q4_1) && gw.len() == act.k / 32 * group_bytes(GgmlType::Q4_1));
+        assert!(outliers.iter().all(|o| (o.at as usize) < act.k));
+        // SAFETY: AVX2/FMA/F16C checked by `takes_act8`; every outlier's
+        // block lies in `gw` (asserted).
+        unsafe { x86::add_outliers_q41(gw.as_ptr(), outliers, out) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (gw, out);
+        unreachable!("8-bit activations are x86-64 only");
     }
 }
 

@@ -13,7 +13,7 @@ use std::arch::x86_64::*;
 use ferrum_types::GgmlType;
 
 use super::{ACT_ROWS, ROWS};
-use crate::cpu::act_quant::ActRows;
+use crate::cpu::act_quant::{ActRows, Outlier};
 use crate::cpu::simd::prefetch_ahead;
 
 /// How a format's constant term is formed (`x = d·q + o`).
@@ -474,6 +474,32 @@ unsafe fn group_a8<const M: usize>(
     for (out, acc) in out.iter_mut().zip(acc) {
         _mm256_storeu_ps(out.as_mut_ptr(), acc[0]);
         _mm256_storeu_ps(out.as_mut_ptr().add(8), acc[1]);
+    }
+}
+
+/// Adds `x · w[r][at]` for each outlier to the group's sixteen results
+/// `out[r]`: the values that [`group_a8`]'s 8-bit activations left out
+/// (their `q` is 0), each against its Q4_1 column `d · q + m`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn add_outliers_q41(g: *const u8, outliers: &[Outlier], out: &mut [f32; ROWS]) {
+    type F = Q41;
+    let mask = _mm256_set1_epi32(0x0F);
+    for o in outliers {
+        let (b, i) = (o.at as usize / 32, o.at as usize % 32);
+        let p = g.add(b * F::GROUP);
+        // Value i is nibble i % 8 / 2 of the low (even i) or high half of
+        // each row's word in chunk i / 8.
+        let shift = _mm_cvtsi32_si128((16 * (i % 2) + 4 * (i % 8 / 2)) as i32);
+        let x = _mm256_set1_ps(o.x);
+        for u in 0..2 {
+            let words = _mm256_loadu_si256(p.add(F::QS + CHUNK_BYTES * (i / 8) + 32 * u).cast());
+            let q = _mm256_and_si256(_mm256_srl_epi32(words, shift), mask);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * u).cast()));
+            let m = _mm256_cvtph_ps(_mm_loadu_si128(p.add(LANE_BYTES + 16 * u).cast()));
+            let w = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), m);
+            let r = out.as_mut_ptr().add(8 * u);
+            _mm256_storeu_ps(r, _mm256_fmadd_ps(x, w, _mm256_loadu_ps(r)));
+        }
     }
 }
 
