@@ -319,9 +319,9 @@ impl<B: Backend> LlamaModel<B> {
         }
     }
 
-    /// Whether the attention output and the MLP's gate/up projections take
-    /// 8-bit inputs where the backend has such a kernel (on by default: on
-    /// SmolLM2 Q4_1 they moved perplexity by -0.04% on GPL-3; the choice of
+    /// Whether the layers' projections take 8-bit inputs (lone outliers
+    /// exact) where the backend has such a kernel (on by default: on
+    /// SmolLM2 Q4_1 they moved perplexity by +0.002% on GPL-3; the choice of
     /// roles is measured in the weights module). Off, every projection
     /// keeps the backend's 16-bit activations, whose results are the same
     /// on every CPU the kernels run on.
