@@ -220,6 +220,8 @@ fn quants_at(ty: GgmlType) -> usize {
 pub(crate) fn gemm(act: &ActRows, w: &[u8], ty: GgmlType, out: &mut [f32], m: usize, n: usize) {
     assert!(supports(ty) && act.group == 32);
     assert!(w.len() >= weight_bytes(ty, n, act.k) && out.len() >= m * n);
+    // Checked once here for every group's `add_outliers`.
+    assert!(!act.a8 || (0..m).all(|r| act.row_outliers(r).iter().all(|o| (o.at as usize) < act.k)));
     let ptr = SyncPtr(out.as_mut_ptr());
     let tasks = n.div_ceil(ROWS).div_ceil(GROUPS_PER_TASK);
     for block in act.blocks(m) {
@@ -321,10 +323,10 @@ fn add_outliers(gw: &[u8], act: &ActRows, r: usize, out: &mut [f32; ROWS]) {
     }
     #[cfg(target_arch = "x86_64")]
     {
-        assert!(takes_act8(GgmlType::Q4_1) && gw.len() == act.k / 32 * group_bytes(GgmlType::Q4_1));
-        assert!(outliers.iter().all(|o| (o.at as usize) < act.k));
-        // SAFETY: AVX2/FMA/F16C checked by `takes_act8`; every outlier's
-        // block lies in `gw` (asserted).
+        assert!(gw.len() == act.k / 32 * group_bytes(GgmlType::Q4_1));
+        // SAFETY: `dot_group` checked the CPU features and that 8-bit
+        // activations come with Q4_1 weights; `gemm` checked that every
+        // outlier is below `k`, so its block lies in `gw` (asserted).
         unsafe { x86::add_outliers_q41(gw.as_ptr(), outliers, out) }
     }
     #[cfg(not(target_arch = "x86_64"))]
