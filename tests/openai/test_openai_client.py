@@ -1,7 +1,6 @@
 """The official `openai` package, unchanged, against `ferrum serve`."""
 import base64
 import json
-import re
 import struct
 import threading
 import time
@@ -27,12 +26,6 @@ def post(server, path, body, headers=None):
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
-
-
-def metric(server, name):
-    text = urllib.request.urlopen(server.url + "/metrics").read().decode()
-    m = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
-    return float(m.group(1)) if m else None
 
 
 def test_models(chat_server):
@@ -204,11 +197,11 @@ def test_health_and_metrics(chat_server):
     text = urllib.request.urlopen(chat_server.url + "/metrics").read().decode()
     assert "ferrum_http_requests_total" in text
     assert "ferrum_time_to_first_token_seconds" in text
-    assert metric(chat_server, "ferrum_generation_tokens_total") > 0
+    assert chat_server.metric("ferrum_generation_tokens_total") > 0
 
 
 def test_disconnect_cancels_and_frees(chat_server):
-    before = metric(chat_server, "ferrum_requests_cancelled_total") or 0
+    before = chat_server.metric("ferrum_requests_cancelled_total") or 0
     req = urllib.request.Request(chat_server.url + "/v1/completions", method="POST",
                                  data=json.dumps({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 2000,
                                                   "temperature": 0, "stream": True}).encode(),
@@ -218,13 +211,13 @@ def test_disconnect_cancels_and_frees(chat_server):
     resp.close()
     deadline = time.time() + 30
     while time.time() < deadline:
-        if (metric(chat_server, "ferrum_requests_cancelled_total") or 0) > before:
+        if (chat_server.metric("ferrum_requests_cancelled_total") or 0) > before:
             break
         time.sleep(0.2)
-    assert (metric(chat_server, "ferrum_requests_cancelled_total") or 0) > before
+    assert (chat_server.metric("ferrum_requests_cancelled_total") or 0) > before
     time.sleep(0.5)
-    assert metric(chat_server, "ferrum_kv_caches_live") == 0
-    assert metric(chat_server, "ferrum_requests_pending") == 0
+    assert chat_server.metric("ferrum_kv_caches_live") == 0
+    assert chat_server.metric("ferrum_requests_pending") == 0
 
 
 def test_api_key(keyed_server):
@@ -300,7 +293,7 @@ def test_full_queue_is_429(tiny_queue_server):
     assert code == 429 and resp["error"]["type"] == "rate_limit_error"
     first.close()
     deadline = time.time() + 30
-    while time.time() < deadline and metric(s, "ferrum_requests_pending") != 0:
+    while time.time() < deadline and s.metric("ferrum_requests_pending") != 0:
         time.sleep(0.2)
     code, _ = post(s, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2})
     assert code == 200

@@ -39,21 +39,37 @@ enum Command {
         /// What to fetch.
         model: String,
     },
+    /// List the models fetched to this machine, with format, quantization and size.
+    List(commands::cache::ListArgs),
+    /// Delete a fetched model (as `ferrum list` names it) and free its space.
+    Rm(commands::cache::RmArgs),
     /// Print the token ids of a text.
     Tokenize(commands::tokenize::TokenizeArgs),
     /// Print the compute capabilities Ferrum detected on this machine.
     SystemInfo,
 }
 
+impl Command {
+    /// The log filter when RUST_LOG is not set. A server's log is its
+    /// record, so `serve` logs requests and start-up at info; everything
+    /// else prints its answer, and only warnings join it (on stderr).
+    fn default_log(&self) -> &'static str {
+        match self {
+            Command::Serve(_) => "warn,ferrum=info",
+            _ => "warn",
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    let command = Cli::parse().command;
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| EnvFilter::new("warn,ferrum=info")),
+                .unwrap_or_else(|_| EnvFilter::new(command.default_log())),
         )
         .with_writer(std::io::stderr)
         .init();
-    let command = Cli::parse().command;
     // Commands drive the model from a CPU pool worker (see `on_pool`).
     let result = ferrum_kernels::cpu::on_pool(None, || dispatch(command))
         .map_err(anyhow::Error::from)
@@ -77,6 +93,8 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Perplexity(a) => commands::perplexity::run(a),
         Command::Serve(a) => commands::serve::run(a),
         Command::Tokenize(a) => commands::tokenize::run(a),
+        Command::List(a) => commands::cache::list(a),
+        Command::Rm(a) => commands::cache::rm(a),
         Command::Pull { model } => pull::pull(&model).map(|p| println!("{}", p.display())),
         Command::SystemInfo => {
             system_info();

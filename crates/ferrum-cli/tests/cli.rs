@@ -39,6 +39,8 @@ fn help_lists_the_commands() {
         "embed",
         "bench",
         "perplexity",
+        "list",
+        "rm",
     ] {
         assert!(text.contains(cmd), "{text}");
     }
@@ -146,17 +148,12 @@ fn run_one_shot_prints_only_the_completion() {
     let Some(m) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
         return;
     };
-    let out = ferrum(&[
-        "run",
-        "--model",
-        &m,
-        "--prompt",
-        "The capital of France is",
-        "--temperature",
-        "0",
-        "-n",
-        "3",
-    ]);
+    let greedy = |extra: &[&str]| {
+        let base = ["run", "--model", &m, "--prompt", "The capital of France is"];
+        let greedy = ["--temperature", "0", "-n", "3"];
+        ferrum(&[&base[..], &greedy, extra].concat())
+    };
+    let out = greedy(&[]);
     assert!(
         out.status.success(),
         "{}",
@@ -164,6 +161,21 @@ fn run_one_shot_prints_only_the_completion() {
     );
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.starts_with(" Paris"), "{text:?}");
+    // No log lines or timings unless asked for.
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = greedy(&["--verbose"]);
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), text);
+    let timing = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        timing.starts_with("[prompt 5 tokens (0 cached) ")
+            && timing.contains("| answer 3 tokens ")
+            && timing.ends_with("| finish length]\n"),
+        "{timing:?}"
+    );
     // Same seed, same sampled text.
     let sample = |seed: &str| {
         let o = ferrum(&[

@@ -9,6 +9,6 @@ pub mod rope;
 pub use ferrum_kernels::KvDtype;
 pub use ferrum_kv::KvUsage;
 pub use llm::{
-    kv_capacity_from_env, DecoderOnlyLLM, KvPoolConfig, LlmRuntimeConfig, KV_CACHE_TOKENS_ENV,
-    KV_CAPACITY_ENV,
+    kv_capacity_from_env, DecoderOnlyLLM, KvPoolConfig, LlmRuntimeConfig, LoadProgress,
+    KV_CACHE_TOKENS_ENV, KV_CAPACITY_ENV,
 };

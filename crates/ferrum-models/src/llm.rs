@@ -5,6 +5,11 @@ use ferrum_kernels::KvDtype;
 use ferrum_kv::KvUsage;
 use ferrum_types::{FerrumError, Result};
 
+/// Told `(done, total)` as a model's weights load, so a front end can draw
+/// a progress bar for large files; the parts are the model's to choose
+/// (layers, for the Llama family).
+pub type LoadProgress<'a> = dyn Fn(usize, usize) + 'a;
+
 /// Environment variable that caps the per-sequence KV capacity (tokens).
 pub const KV_CAPACITY_ENV: &str = "FERRUM_KV_CAPACITY";
 

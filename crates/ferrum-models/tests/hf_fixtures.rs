@@ -276,3 +276,20 @@ fn bad_requests_are_errors_not_panics() {
         .to_string();
     assert!(err.contains("not supported"), "{err}");
 }
+
+#[test]
+fn loading_reports_each_layer_then_the_rest() {
+    let Some((dir, _)) = fixture("llama") else {
+        return;
+    };
+    let layers = ferrum_formats::hf_config::HfConfig::load(dir.join("config.json"))
+        .unwrap()
+        .num_hidden_layers;
+    let seen = std::cell::RefCell::new(Vec::new());
+    LlamaModel::<CpuBackend>::from_hf_dir_reporting(&dir, &KvPoolConfig::default(), &|d, t| {
+        seen.borrow_mut().push((d, t))
+    })
+    .unwrap();
+    let want: Vec<(usize, usize)> = (1..=layers + 1).map(|d| (d, layers + 1)).collect();
+    assert_eq!(seen.into_inner(), want);
+}

@@ -4,7 +4,8 @@
 //! `/health` answers 503 while loading and 200 once requests can be served.
 //! A language model serves `/v1/chat/completions` and `/v1/completions`; an
 //! encoder serves `/v1/embeddings`. Both have `/v1/models`, `/tokenize`,
-//! `/detokenize`, `/health` and Prometheus `/metrics`.
+//! `/detokenize`, `/health` and Prometheus `/metrics`; `/` is a chat page
+//! for the browser (see [`webui`]) unless turned off.
 
 mod admin;
 mod embed_worker;
@@ -12,6 +13,7 @@ mod embeddings;
 mod error;
 mod generation;
 mod protocol;
+mod webui;
 mod worker;
 
 use std::net::SocketAddr;
@@ -54,6 +56,8 @@ pub struct ServeConfig {
     pub shutdown_timeout: Duration,
     /// Batching limits of the generation engine.
     pub engine: EngineConfig,
+    /// Serve the browser chat page at `/`.
+    pub webui: bool,
 }
 
 /// A model ready to serve.
@@ -138,8 +142,12 @@ fn now() -> u64 {
 
 fn router(state: Shared) -> Router {
     let limit = state.cfg.max_body_bytes;
-    Router::new()
-        .route("/health", get(admin::health))
+    let page = if state.cfg.webui {
+        webui::routes()
+    } else {
+        Router::new()
+    };
+    page.route("/health", get(admin::health))
         .route("/metrics", get(admin::metrics))
         .route("/v1/models", get(admin::models))
         .route("/tokenize", post(admin::tokenize))
@@ -188,10 +196,17 @@ async fn http_metrics(req: Request, next: Next) -> Response {
     response
 }
 
-/// Binds, loads the model in the background and serves until SIGINT or
-/// SIGTERM. Returns an error when the port cannot be bound or the model
-/// cannot be loaded.
-pub async fn serve(cfg: ServeConfig, loader: Loader) -> Result<(), String> {
+/// A server whose port is bound; [`Bound::run`] loads the model and serves.
+/// Binding first lets the caller tell the user where to go (the real port
+/// when 0 was asked for) before the model loads.
+pub struct Bound {
+    listener: tokio::net::TcpListener,
+    local: SocketAddr,
+    state: Shared,
+}
+
+/// Binds the listening socket. Fails when the port cannot be bound.
+pub async fn bind(cfg: ServeConfig) -> Result<Bound, String> {
     let prometheus = PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| format!("cannot set up metrics: {e}"))?;
@@ -202,7 +217,6 @@ pub async fn serve(cfg: ServeConfig, loader: Loader) -> Result<(), String> {
     let local: SocketAddr = listener
         .local_addr()
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    let timeout = cfg.shutdown_timeout;
     let state = Arc::new(AppState {
         cfg,
         ready: OnceLock::new(),
@@ -211,74 +225,101 @@ pub async fn serve(cfg: ServeConfig, loader: Loader) -> Result<(), String> {
         created: now(),
         next_id: AtomicU64::new(0),
     });
-    tracing::info!(
-        "listening on http://{local} (loading the model; /health is 503 until it is ready)"
-    );
+    Ok(Bound {
+        listener,
+        local,
+        state,
+    })
+}
 
-    let loading = {
-        let state = state.clone();
-        tokio::task::spawn_blocking(move || -> Result<(), String> {
-            let ready = match loader()? {
-                LoadedModel::Llm {
-                    model,
-                    tokenizer,
-                    speculation,
-                } => {
-                    let capacity = model.kv_capacity();
-                    let template = match tokenizer.chat_template() {
-                        Some(src) => Some(ChatTemplate::new(src).map_err(|e| e.to_string())?),
-                        None => None,
-                    };
-                    let tok = Arc::new(tokenizer);
-                    let cfg = state.cfg.engine.clone();
-                    let engine = Engine::start_with(model, tok.clone(), cfg, speculation)
-                        .map_err(|e| e.to_string())?;
-                    let jobs = worker::spawn(engine.clone(), state.load.clone());
-                    Ready::Llm {
-                        jobs,
-                        tok,
-                        template,
-                        capacity,
-                        engine,
-                    }
-                }
-                LoadedModel::Embedding(e) => {
-                    let embedder = Arc::new(e);
-                    let jobs = embed_worker::spawn(embedder.clone())
-                        .map_err(|e| format!("cannot start the model thread: {e}"))?;
-                    Ready::Embed { jobs, embedder }
-                }
-            };
-            let _ = state.ready.set(ready);
-            tracing::info!("model ready: serving {:?}", state.cfg.served_model_name);
-            Ok(())
-        })
-    };
-
-    // Resolves only when loading fails; a loaded model keeps serving.
-    let load_failure = async move {
-        match loading.await {
-            Ok(Ok(())) => std::future::pending::<String>().await,
-            Ok(Err(e)) => format!("cannot load the model: {e}"),
-            Err(e) => format!("the model loader crashed: {e}"),
-        }
-    };
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
-        shutdown_signal().await;
-        tracing::info!("shutting down: no new connections; finishing in-flight requests");
-        let _ = stop_tx.send(true);
-    });
-    let deadline = async move {
-        let _ = stop_rx.wait_for(|s| *s).await;
-        tokio::time::sleep(timeout).await;
-    };
-    tokio::select! {
-        r = server => r.map_err(|e| format!("server error: {e}"))?,
-        e = load_failure => return Err(e),
-        _ = deadline => tracing::warn!("in-flight requests did not finish within {timeout:?}; stopping anyway"),
+impl Bound {
+    /// The address the socket is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
     }
-    Ok(())
+
+    /// Whether `/` serves the chat page.
+    pub fn has_webui(&self) -> bool {
+        self.state.cfg.webui
+    }
+
+    /// Loads the model in the background and serves until SIGINT or
+    /// SIGTERM. Returns an error when the model cannot be loaded.
+    pub async fn run(self, loader: Loader) -> Result<(), String> {
+        let Bound {
+            listener,
+            local,
+            state,
+        } = self;
+        let timeout = state.cfg.shutdown_timeout;
+        tracing::info!(
+            "listening on http://{local} (loading the model; /health is 503 until it is ready)"
+        );
+        let loading = {
+            let state = state.clone();
+            tokio::task::spawn_blocking(move || -> Result<(), String> {
+                let ready = match loader()? {
+                    LoadedModel::Llm {
+                        model,
+                        tokenizer,
+                        speculation,
+                    } => {
+                        let capacity = model.kv_capacity();
+                        let template = match tokenizer.chat_template() {
+                            Some(src) => Some(ChatTemplate::new(src).map_err(|e| e.to_string())?),
+                            None => None,
+                        };
+                        let tok = Arc::new(tokenizer);
+                        let cfg = state.cfg.engine.clone();
+                        let engine = Engine::start_with(model, tok.clone(), cfg, speculation)
+                            .map_err(|e| e.to_string())?;
+                        let jobs = worker::spawn(engine.clone(), state.load.clone());
+                        Ready::Llm {
+                            jobs,
+                            tok,
+                            template,
+                            capacity,
+                            engine,
+                        }
+                    }
+                    LoadedModel::Embedding(e) => {
+                        let embedder = Arc::new(e);
+                        let jobs = embed_worker::spawn(embedder.clone())
+                            .map_err(|e| format!("cannot start the model thread: {e}"))?;
+                        Ready::Embed { jobs, embedder }
+                    }
+                };
+                let _ = state.ready.set(ready);
+                tracing::info!("model ready: serving {:?}", state.cfg.served_model_name);
+                Ok(())
+            })
+        };
+
+        // Resolves only when loading fails; a loaded model keeps serving.
+        let load_failure = async move {
+            match loading.await {
+                Ok(Ok(())) => std::future::pending::<String>().await,
+                Ok(Err(e)) => format!("cannot load the model: {e}"),
+                Err(e) => format!("the model loader crashed: {e}"),
+            }
+        };
+        let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+        let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            tracing::info!("shutting down: no new connections; finishing in-flight requests");
+            let _ = stop_tx.send(true);
+        });
+        let deadline = async move {
+            let _ = stop_rx.wait_for(|s| *s).await;
+            tokio::time::sleep(timeout).await;
+        };
+        tokio::select! {
+            r = server => r.map_err(|e| format!("server error: {e}"))?,
+            e = load_failure => return Err(e),
+            _ = deadline => tracing::warn!("in-flight requests did not finish within {timeout:?}; stopping anyway"),
+        }
+        Ok(())
+    }
 }
 
 async fn shutdown_signal() {

@@ -56,6 +56,13 @@ pub fn run(args: EmbedArgs) -> Result<()> {
     let secs = start.elapsed().as_secs_f64();
     let tokens: usize = out.iter().map(|e| e.tokens).sum();
     let truncated = out.iter().filter(|e| e.truncated).count();
+    if truncated > 0 {
+        tracing::warn!(
+            "{truncated} of {} inputs were cut to the model's {} tokens (--no-truncate makes that an error)",
+            out.len(),
+            embedder.max_tokens()
+        );
+    }
     tracing::info!(
         inputs = out.len(),
         tokens,

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_serve;
+pub mod cache;
 pub mod embed;
 pub mod inspect;
 pub mod perplexity;

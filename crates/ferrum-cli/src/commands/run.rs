@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use ferrum_engine::{Engine, EngineConfig, Event, Request, SamplingParams};
+use ferrum_engine::{Completion, Engine, EngineConfig, Event, Request, SamplingParams};
 use ferrum_tokenizer::chat::{ChatOptions, ChatTemplate, Message};
 use ferrum_tokenizer::Tokenizer;
 
@@ -51,6 +51,9 @@ pub struct RunArgs {
     /// Stop when this text appears (repeatable).
     #[arg(long)]
     stop: Vec<String>,
+    /// After each answer, print its token counts and speeds to stderr.
+    #[arg(long, short = 'v')]
+    verbose: bool,
     #[command(flatten)]
     kv: KvArgs,
     #[command(flatten)]
@@ -169,11 +172,10 @@ impl Session<'_> {
             let _ = stdout.flush();
             text.push_str(t);
         };
-        loop {
+        let done = loop {
             if self.interrupted.load(Ordering::SeqCst) {
                 // Dropping the stream cancels the request in the engine.
-                tracing::info!(generated = n, finish = "cancelled");
-                return Ok(text);
+                break None;
             }
             // Poll so Ctrl-C is noticed while the engine is busy.
             let ev = match rx.try_recv() {
@@ -191,35 +193,30 @@ impl Session<'_> {
                     print(&t, &mut text);
                 }
                 Event::Text(t) => print(&t, &mut text),
-                Event::Done(c) => {
-                    let st = self.engine.stats();
-                    let (drafted, accepted) = (st.get(&st.drafted), st.get(&st.accepted));
-                    let ttft = first.map_or(Duration::ZERO, |f| f - start);
-                    let decode = first.map_or(Duration::ZERO, |f| f.elapsed());
-                    let tps = |k: usize, d: Duration| k as f64 / d.as_secs_f64().max(1e-9);
-                    tracing::info!(
-                        prompt_tokens = c.prompt_tokens,
-                        cached_tokens = c.cached_tokens,
-                        prefill_tok_s =
-                            format!("{:.1}", tps(c.prompt_tokens - c.cached_tokens, ttft)),
-                        generated = c.completion_tokens,
-                        decode_tok_s = format!("{:.1}", tps(n.saturating_sub(1), decode)),
-                        finish = c.finish.as_str(),
-                    );
-                    if drafted > 0 {
-                        tracing::info!(drafted, accepted, "speculative decoding (whole session)");
-                    }
-                    return Ok(text);
-                }
+                Event::Done(c) => break Some(c),
                 Event::Error(e) => return Err(anyhow!(e)),
             }
+        };
+        // The answer's line ends before anything else is printed.
+        println!();
+        if self.args.verbose {
+            let timing = Timing {
+                ttft: first.map_or(Duration::ZERO, |f| f - start),
+                decode: first.map_or(Duration::ZERO, |f| f.elapsed()),
+                tokens: n,
+            };
+            let st = self.engine.stats();
+            eprintln!(
+                "{}",
+                timing.line(done.as_ref(), st.get(&st.drafted), st.get(&st.accepted))
+            );
         }
+        Ok(text)
     }
 
     fn one_shot(&self, prompt: &str) -> Result<()> {
         let ids = self.tok.encode(prompt, true, false)?;
         self.generate(ids)?;
-        println!();
         Ok(())
     }
 
@@ -245,7 +242,6 @@ impl Session<'_> {
             .tok
             .encode(&template.render(conv, &opts)?, false, true)?;
         let text = self.generate(prompt)?;
-        println!();
         conv.push(Message::new("assistant", text));
         Ok(())
     }
@@ -280,5 +276,81 @@ impl Session<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// When an answer's tokens came, for `--verbose`.
+struct Timing {
+    /// From submitting to the first token (prefill and queueing).
+    ttft: Duration,
+    /// From the first token to the last.
+    decode: Duration,
+    /// Tokens generated.
+    tokens: usize,
+}
+
+impl Timing {
+    /// One line, like `ollama run --verbose` but on one line: prompt and
+    /// answer token counts with their rates. `done` is `None` when the
+    /// answer was stopped; `drafted`/`accepted` count speculative tokens
+    /// over the session.
+    fn line(&self, done: Option<&Completion>, drafted: usize, accepted: usize) -> String {
+        let rate = |k: usize, d: Duration| k as f64 / d.as_secs_f64().max(1e-9);
+        let mut parts = Vec::new();
+        if let Some(c) = done {
+            let fresh = c.prompt_tokens - c.cached_tokens.min(c.prompt_tokens);
+            parts.push(format!(
+                "prompt {} tokens ({} cached) {:.1} tok/s",
+                c.prompt_tokens,
+                c.cached_tokens,
+                rate(fresh, self.ttft)
+            ));
+        }
+        // The first token comes with the prefill; the rate is over the rest.
+        parts.push(format!(
+            "answer {} tokens {:.1} tok/s",
+            self.tokens,
+            rate(self.tokens.saturating_sub(1), self.decode)
+        ));
+        parts.push(format!("first token {:.2} s", self.ttft.as_secs_f64()));
+        parts.push(format!(
+            "finish {}",
+            done.map_or("stopped", |c| c.finish.as_str())
+        ));
+        if drafted > 0 {
+            parts.push(format!(
+                "speculation {accepted}/{drafted} drafts accepted (session)"
+            ));
+        }
+        format!("[{}]", parts.join(" | "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrum_engine::FinishReason;
+
+    #[test]
+    fn verbose_line_reports_counts_and_rates() {
+        let t = Timing {
+            ttft: Duration::from_millis(500),
+            decode: Duration::from_secs(2),
+            tokens: 41,
+        };
+        let c = Completion {
+            finish: FinishReason::Stop,
+            prompt_tokens: 120,
+            completion_tokens: 41,
+            cached_tokens: 20,
+        };
+        assert_eq!(
+            t.line(Some(&c), 0, 0),
+            "[prompt 120 tokens (20 cached) 200.0 tok/s | answer 41 tokens 20.0 tok/s | first token 0.50 s | finish stop]"
+        );
+        assert_eq!(
+            t.line(None, 8, 5),
+            "[answer 41 tokens 20.0 tok/s | first token 0.50 s | finish stopped | speculation 5/8 drafts accepted (session)]"
+        );
     }
 }

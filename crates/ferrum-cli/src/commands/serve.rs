@@ -1,5 +1,6 @@
 //! `ferrum serve`: the OpenAI-compatible HTTP server.
 
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
@@ -46,6 +47,9 @@ pub struct ServeArgs {
     /// are prefilled in chunks of this size between decode steps.
     #[arg(long, default_value_t = EngineConfig::default().max_num_batched_tokens)]
     max_num_batched_tokens: usize,
+    /// Do not serve the browser chat page at `/` (the API stays).
+    #[arg(long)]
+    no_webui: bool,
     #[command(flatten)]
     kv: KvArgs,
     #[command(flatten)]
@@ -79,6 +83,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             max_num_batched_tokens: args.max_num_batched_tokens.max(1),
             threads: None,
         },
+        webui: !args.no_webui,
     };
     let pool = args.kv.pool();
     let loader = Box::new(move || -> Result<LoadedModel, String> {
@@ -98,6 +103,54 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(ferrum_server::serve(cfg, loader))
-        .map_err(|e| anyhow!(e))
+    rt.block_on(async {
+        let server = ferrum_server::bind(cfg).await?;
+        println!("{}", start_line(server.local_addr(), server.has_webui()));
+        server.run(loader).await
+    })
+    .map_err(|e| anyhow!(e))
+}
+
+/// What `serve` prints once the port is bound: where a person and a client
+/// go. A wildcard address is shown as `localhost`, which a browser on this
+/// machine can open.
+fn start_line(addr: SocketAddr, webui: bool) -> String {
+    let host = match addr.ip() {
+        ip if ip.is_unspecified() => "localhost".to_string(),
+        IpAddr::V6(ip) => format!("[{ip}]"),
+        IpAddr::V4(ip) => ip.to_string(),
+    };
+    let base = format!("http://{host}:{}", addr.port());
+    let all = if addr.ip().is_unspecified() {
+        " (listening on all interfaces)"
+    } else {
+        ""
+    };
+    if webui {
+        format!("ferrum serve: chat at {base}/ and the OpenAI API at {base}/v1{all}")
+    } else {
+        format!("ferrum serve: OpenAI API at {base}/v1{all}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::start_line;
+
+    #[test]
+    fn start_line_names_a_url_a_browser_can_open() {
+        let at = |a: &str| a.parse().unwrap_or_else(|e| panic!("{a}: {e}"));
+        assert_eq!(
+            start_line(at("127.0.0.1:8000"), true),
+            "ferrum serve: chat at http://127.0.0.1:8000/ and the OpenAI API at http://127.0.0.1:8000/v1"
+        );
+        assert_eq!(
+            start_line(at("0.0.0.0:80"), false),
+            "ferrum serve: OpenAI API at http://localhost:80/v1 (listening on all interfaces)"
+        );
+        assert_eq!(
+            start_line(at("[::1]:9"), false),
+            "ferrum serve: OpenAI API at http://[::1]:9/v1"
+        );
+    }
 }

@@ -25,7 +25,9 @@ use kv::KvStore;
 pub use presets::{preset, PRESETS};
 use weights::{Embedding, Source, Weights};
 
-use crate::llm::{kv_capacity_from_env, DecoderOnlyLLM, KvPoolConfig, LlmRuntimeConfig};
+use crate::llm::{
+    kv_capacity_from_env, DecoderOnlyLLM, KvPoolConfig, LlmRuntimeConfig, LoadProgress,
+};
 
 /// Per-sequence KV capacity when `FERRUM_KV_CAPACITY` is not set (clamped to
 /// the model's context length): enough for long chats without reserving a
@@ -245,8 +247,18 @@ impl<B: Backend> LlamaModel<B> {
 
     /// Loads a GGUF model with a KV pool sized by `pool`.
     pub fn from_gguf_with(g: &GgufFile, pool: &KvPoolConfig) -> Result<Self> {
+        Self::from_gguf_reporting(g, pool, &|_, _| {})
+    }
+
+    /// [`Self::from_gguf_with`], telling `progress` how far loading has come.
+    pub fn from_gguf_reporting(
+        g: &GgufFile,
+        pool: &KvPoolConfig,
+        progress: &LoadProgress<'_>,
+    ) -> Result<Self> {
         let cfg = LlamaConfig::from_gguf(g)?;
-        let w = Weights::load(&Source::Gguf(g), &cfg).map_err(|e| g.error(e.to_string()))?;
+        let w =
+            Weights::load(&Source::Gguf(g), &cfg, progress).map_err(|e| g.error(e.to_string()))?;
         if let Err(e) = g.release_resident_pages() {
             tracing::debug!("could not release the file's pages after loading: {e}");
         }
@@ -261,10 +273,19 @@ impl<B: Backend> LlamaModel<B> {
 
     /// Loads a Hugging Face folder with a KV pool sized by `pool`.
     pub fn from_hf_dir_with(dir: &Path, pool: &KvPoolConfig) -> Result<Self> {
+        Self::from_hf_dir_reporting(dir, pool, &|_, _| {})
+    }
+
+    /// [`Self::from_hf_dir_with`], telling `progress` how far loading has come.
+    pub fn from_hf_dir_reporting(
+        dir: &Path,
+        pool: &KvPoolConfig,
+        progress: &LoadProgress<'_>,
+    ) -> Result<Self> {
         let hf = HfConfig::load(dir.join("config.json"))?;
         let cfg = LlamaConfig::from_hf(&hf)?;
         let st = SafeTensors::open_dir(dir)?;
-        let w = Weights::load(&Source::Hf(&st), &cfg)
+        let w = Weights::load(&Source::Hf(&st), &cfg, progress)
             .map_err(|e| FerrumError::bad_file(dir, e.to_string()))?;
         Ok(Self::new(cfg, w, pool))
     }

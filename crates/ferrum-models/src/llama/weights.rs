@@ -16,6 +16,7 @@ use ferrum_kernels::{Backend, GgufQuantType, QuantKind, QuantWeights};
 use ferrum_types::{FerrumError, Result};
 
 use super::config::{Arch, LlamaConfig};
+use crate::LoadProgress;
 
 /// Where weights come from.
 pub enum Source<'a> {
@@ -508,7 +509,10 @@ fn gguf_row_of(hd: usize) -> impl Fn(usize) -> usize {
 }
 
 impl<B: Backend> Weights<B> {
-    pub fn load(src: &Source, cfg: &LlamaConfig) -> Result<Self> {
+    /// Reads and uploads every weight; `progress(done, total)` is called as
+    /// each of the `layers + 1` parts (the layers, then embedding and head)
+    /// is ready, so a caller can show how far a large model has come.
+    pub fn load(src: &Source, cfg: &LlamaConfig, progress: &LoadProgress<'_>) -> Result<Self> {
         let (h, hd, nh, nkv) = (cfg.hidden, cfg.head_dim, cfg.heads, cfg.kv_heads);
         let (qd, kvd, im) = (nh * hd, nkv * hd, cfg.intermediate);
         let gguf = matches!(src, Source::Gguf(_));
@@ -612,6 +616,7 @@ impl<B: Backend> Weights<B> {
                 gate_up: Linear::upload(gate_up, 2 * im, h)?,
                 down: Linear::upload(require(src, &name(Down, i), h * im)?, h, im)?,
             });
+            progress(i + 1, cfg.layers + 1);
         }
         let embed_raw = require(src, embed_name, cfg.vocab * h)?;
         let head = read(src, head_name, cfg.vocab * h)?;
@@ -657,10 +662,12 @@ impl<B: Backend> Weights<B> {
                 }
             },
         };
+        let final_norm = norm(norm_name, h)?;
+        progress(cfg.layers + 1, cfg.layers + 1);
         Ok(Self {
             embed,
             layers,
-            final_norm: norm(norm_name, h)?,
+            final_norm,
             lm_head,
         })
     }

@@ -1,9 +1,11 @@
-"""Starts the real `ferrum serve` binary for the OpenAI-client tests.
+"""Starts the real `ferrum serve` binary for the tests under tests/: the
+official OpenAI client (tests/openai) and the browser chat page (tests/webui).
 
 FERRUM_BIN names the binary (default: target/release/ferrum); models come
 from the Ferrum cache (`../shared/models/fetch.sh smollm2 minilm`).
 """
 import os
+import re
 import socket
 import subprocess
 import time
@@ -43,6 +45,12 @@ class Server:
             time.sleep(0.2)
         raise RuntimeError("ferrum serve did not become healthy")
 
+    def metric(self, name):
+        """A Prometheus sample's value from /metrics (the first series), or None."""
+        text = urllib.request.urlopen(self.url + "/metrics").read().decode()
+        m = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
+        return float(m.group(1)) if m else None
+
     def stop(self):
         self.proc.terminate()
         self.proc.wait(timeout=60)
@@ -66,6 +74,13 @@ def embed_server():
 @pytest.fixture(scope="session")
 def keyed_server():
     s = Server("--model", "smollm2", "--api-key", "sekret")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def no_webui_server():
+    s = Server("--model", "smollm2", "--no-webui")
     yield s
     s.stop()
 
