@@ -1,14 +1,17 @@
 """Soak test for `ferrum serve`: N concurrent streaming clients for a while,
-a third of them hanging up mid-stream. Reports status counts (5xx must be
-0), the server's resident memory over time, and the KV caches and queued
-requests left at the end (both must be 0).
+a third of them hanging up mid-stream, plus a few clients that stall (they
+send half a request's headers or body and then nothing) and must be cut off
+by the server's read timeout. Reports status counts (5xx must be 0), how
+long stalled connections were held, the server's resident memory over time,
+and the KV caches and queued requests left at the end (both must be 0).
 
-    python scripts/soak.py --bin target/release/ferrum --minutes 10 --clients 16
+    python scripts/soak.py --bin target/release/ferrum --minutes 30 --clients 32 --stalled 4
 """
 import argparse
 import json
 import random
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -34,9 +37,12 @@ def main():
     ap.add_argument("--minutes", type=float, default=10)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--stalled", type=int, default=4, help="clients that stall mid-request, over and over")
+    ap.add_argument("--read-timeout", type=int, default=5, help="the server's --read-timeout (s)")
     a = ap.parse_args()
     url = f"http://127.0.0.1:{a.port}"
-    proc = subprocess.Popen([a.bin, "serve", "--model", a.model, "--port", str(a.port)],
+    proc = subprocess.Popen([a.bin, "serve", "--model", a.model, "--port", str(a.port),
+                             "--read-timeout", str(a.read_timeout)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while True:
         try:
@@ -78,7 +84,35 @@ def main():
             with lock:
                 stats[key] += 1
 
+    stalls = {"cut": 0, "held_s_max": 0.0, "not_cut": 0}
+    partial = [b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty",
+               b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               b"Content-Length: 400\r\n\r\n{\"messages\": [{\"role\": \"user\", \"con",
+               b""]  # connect and say nothing
+
+    def staller(i):
+        k = 0
+        while time.time() < end:
+            sock = socket.create_connection(("127.0.0.1", a.port))
+            sock.settimeout(a.read_timeout * 4)
+            start = time.time()
+            try:
+                sock.sendall(partial[k % len(partial)])
+                while sock.recv(4096):
+                    pass
+                held = time.time() - start
+                with lock:
+                    stalls["cut"] += 1
+                    stalls["held_s_max"] = round(max(stalls["held_s_max"], held), 2)
+            except OSError:
+                with lock:
+                    stalls["not_cut"] += 1
+            finally:
+                sock.close()
+            k += 1
+
     threads = [threading.Thread(target=client, args=(i,)) for i in range(a.clients)]
+    threads += [threading.Thread(target=staller, args=(i,)) for i in range(a.stalled)]
     for t in threads:
         t.start()
     samples = []
@@ -90,6 +124,7 @@ def main():
     time.sleep(1)
     result = {
         "stats": stats,
+        "stalled_connections": stalls,
         "rss_mb_over_time": samples,
         "kv_caches_live_at_end": metric(url, "ferrum_kv_caches_live"),
         "requests_pending_at_end": metric(url, "ferrum_requests_pending"),

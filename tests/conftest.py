@@ -72,8 +72,19 @@ def embed_server():
 
 
 @pytest.fixture(scope="session")
-def keyed_server():
-    s = Server("--model", "smollm2", "--api-key", "sekret")
+def keyed_server(tmp_path_factory):
+    keys = tmp_path_factory.mktemp("keys") / "api-keys"
+    keys.write_text("# ferrum API keys\nsekret\n\nsecond-key\n")
+    s = Server("--model", "smollm2", "--api-key-file", str(keys), "--metrics-require-key")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def hardened_server():
+    """Short read timeout, one allowed origin and host name, any model name."""
+    s = Server("--model", "smollm2", "--read-timeout", "2", "--allowed-origins", "https://app.example",
+               "--allowed-hosts", "ferrum.lan", "--accept-any-model")
     yield s
     s.stop()
 

@@ -289,8 +289,13 @@ def test_full_queue_is_429(tiny_queue_server):
                                  headers={"Content-Type": "application/json"})
     first = urllib.request.urlopen(req)
     first.readline()  # the first request is running and holds the only slot
-    code, resp = post(s, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2})
-    assert code == 429 and resp["error"]["type"] == "rate_limit_error"
+    req = urllib.request.Request(s.url + "/v1/completions", method="POST",
+                                 data=json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 2}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(req)
+    assert refused.value.code == 429 and refused.value.headers["Retry-After"] == "1"
+    assert json.loads(refused.value.read())["error"]["type"] == "rate_limit_error"
     first.close()
     deadline = time.time() + 30
     while time.time() < deadline and s.metric("ferrum_requests_pending") != 0:

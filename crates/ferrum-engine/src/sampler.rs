@@ -102,6 +102,27 @@ pub struct Sampled {
     pub top: Vec<(u32, f32)>,
 }
 
+/// `token`'s log-probability under `logits` (raw, no sampling settings)
+/// and the `top` most likely tokens': how a prompt's own tokens are scored.
+pub fn score(logits: &[f32], token: u32, top: usize) -> Sampled {
+    scored(logits, token, log_sum_exp(logits).1, top)
+}
+
+fn scored(logits: &[f32], token: u32, lse: f32, top: usize) -> Sampled {
+    let logprob = logits
+        .get(token as usize)
+        .map_or(f32::NEG_INFINITY, |l| l - lse);
+    let top = top_n(logits, top)
+        .into_iter()
+        .map(|(t, l)| (t, l - lse))
+        .collect();
+    Sampled {
+        token,
+        logprob,
+        top,
+    }
+}
+
 /// The sampling state of one request.
 pub struct Sampler {
     params: SamplingParams,
@@ -214,18 +235,7 @@ impl Sampler {
     }
 
     fn report(&self, logits: &[f32], token: u32, lse: f32) -> Sampled {
-        let logprob = logits
-            .get(token as usize)
-            .map_or(f32::NEG_INFINITY, |l| l - lse);
-        let top = top_n(logits, self.params.top_logprobs)
-            .into_iter()
-            .map(|(t, l)| (t, l - lse))
-            .collect();
-        Sampled {
-            token,
-            logprob,
-            top,
-        }
+        scored(logits, token, lse, self.params.top_logprobs)
     }
 
     /// Fills `cand` with the tokens that survive temperature, top-k, top-p

@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
@@ -47,18 +47,28 @@ fn max_len(r: &Ready) -> usize {
     }
 }
 
-pub async fn models(State(s): State<Shared>) -> Result<Json<serde_json::Value>, ApiError> {
-    let max_model_len = s.ready.get().map(max_len);
-    Ok(Json(json!({
-        "object": "list",
-        "data": [{
-            "id": s.cfg.served_model_name,
-            "object": "model",
-            "created": s.created,
-            "owned_by": "ferrum",
-            "max_model_len": max_model_len,
-        }],
-    })))
+/// The one model's OpenAI object (`max_model_len` is null while loading).
+fn model_object(s: &Shared) -> serde_json::Value {
+    json!({
+        "id": s.cfg.served_model_name,
+        "object": "model",
+        "created": s.created,
+        "owned_by": "ferrum",
+        "max_model_len": s.ready.get().map(max_len),
+    })
+}
+
+pub async fn models(State(s): State<Shared>) -> Json<serde_json::Value> {
+    Json(json!({"object": "list", "data": [model_object(&s)]}))
+}
+
+/// `GET /v1/models/{id}` (`models.retrieve`): 404 for another id.
+pub async fn model(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    s.check_model(Some(&id))?;
+    Ok(Json(model_object(&s)))
 }
 
 fn tokenizer(r: &Ready) -> &Tokenizer {

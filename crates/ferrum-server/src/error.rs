@@ -1,6 +1,6 @@
 //! Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
 
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ferrum_types::FerrumError;
@@ -38,6 +38,7 @@ impl ApiError {
     fn kind(&self) -> &'static str {
         match self.status {
             StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::FORBIDDEN => "permission_error",
             StatusCode::NOT_FOUND => "not_found_error",
             StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
             StatusCode::SERVICE_UNAVAILABLE => "service_unavailable",
@@ -74,8 +75,19 @@ impl ApiError {
     }
 }
 
+/// Seconds a client told 429 should wait: a queue slot frees when any
+/// request ends, which is about this often under load.
+const RETRY_AFTER_SECS: &str = "1";
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut resp = (self.status, Json(self.body())).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            resp.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from_static(RETRY_AFTER_SECS),
+            );
+        }
+        resp
     }
 }

@@ -84,12 +84,15 @@ pub fn render_chat(
 }
 
 /// Queues one prompt; the receiver yields its events. Refuses prompts that
-/// leave no room to generate (400) and a full queue (429).
+/// leave no room to generate (400, naming `field`, where the prompt came
+/// from) and a full queue (429).
 fn submit(
     s: &Shared,
     prompt: Vec<u32>,
+    field: &'static str,
     p: &GenParams,
     default_max: Option<usize>,
+    prompt_logprobs: Option<usize>,
 ) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
     let Ready::Llm { jobs, capacity, .. } = s.ready()? else {
         return Err(ApiError::invalid(
@@ -108,7 +111,7 @@ fn submit(
                     "the prompt is {} tokens; this model's context is {capacity} tokens, which leaves no room to generate",
                     prompt.len()
                 ),
-                Some("messages"),
+                Some(field),
             )
         });
     }
@@ -131,6 +134,7 @@ fn submit(
         max_tokens,
         sampling: p.sampling.clone(),
         stop: p.stop.clone(),
+        prompt_logprobs,
         events: tx,
     };
     if jobs.send(job).is_err() {
@@ -225,25 +229,42 @@ fn chat_logprobs(tok: &Tokenizer, lps: &[Sampled], top: usize) -> Value {
     json!({"content": content, "refusal": null})
 }
 
-/// Completions' `logprobs` object; `offset` is where the text starts.
-fn completion_logprobs(tok: &Tokenizer, lps: &[Sampled], top: usize, offset: usize) -> Value {
+/// Completions' `logprobs` object over `entries`: each token with its
+/// score, `None` for an echoed prompt's first token (nothing predicts it;
+/// OpenAI reports null there). `offset` is where the text starts.
+fn completion_logprobs(
+    tok: &Tokenizer,
+    entries: &[(u32, Option<&Sampled>)],
+    top: usize,
+    offset: usize,
+) -> Value {
     let mut pos = offset;
     let (mut tokens, mut lp, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
-    for s in lps {
-        let t = piece(tok, s.token);
+    for &(id, scored) in entries {
+        let t = piece(tok, id);
         offsets.push(pos);
         pos += t.len();
         tokens.push(t);
-        lp.push(s.logprob);
-        let m: serde_json::Map<String, Value> = s
-            .top
-            .iter()
-            .take(top)
-            .map(|&(id, l)| (piece(tok, id), json!(l)))
-            .collect();
-        tops.push(Value::Object(m));
+        lp.push(scored.map_or(Value::Null, |s| json!(s.logprob)));
+        tops.push(scored.map_or(Value::Null, |s| {
+            let m: serde_json::Map<String, Value> = s
+                .top
+                .iter()
+                .take(top)
+                .map(|&(id, l)| (piece(tok, id), json!(l)))
+                .collect();
+            Value::Object(m)
+        }));
     }
     json!({"tokens": tokens, "token_logprobs": lp, "top_logprobs": tops, "text_offset": offsets})
+}
+
+/// The generated tokens' entries for [`completion_logprobs`].
+fn generated(d: &ChoiceDone) -> Vec<(u32, Option<&Sampled>)> {
+    d.logprobs[..d.tokens.min(d.logprobs.len())]
+        .iter()
+        .map(|s| (s.token, Some(s)))
+        .collect()
 }
 
 fn usage(prompt: usize, t: Tally) -> Value {
@@ -280,7 +301,7 @@ pub async fn chat(
         .encode(&text, false, true)
         .map_err(ApiError::from_model)?;
     let prompt_tokens = prompt.len();
-    let rx = submit(&s, prompt, &p, None)?;
+    let rx = submit(&s, prompt, "messages", &p, None, None)?;
     let id = s.request_id("chatcmpl");
     let created = now();
     let model = s.cfg.served_model_name.clone();
@@ -384,10 +405,13 @@ pub async fn completions(
     } else {
         Vec::new()
     };
+    // `echo` with `logprobs` scores each prompt; its first token has none.
+    let score_prompt = p.logprobs.filter(|_| req.echo);
+    let firsts: Vec<Option<u32>> = prompts.iter().map(|ids| ids.first().copied()).collect();
     // OpenAI's default for the legacy endpoint is 16 tokens.
     let rxs = prompts
         .into_iter()
-        .map(|ids| submit(&s, ids, &p, Some(16)))
+        .map(|ids| submit(&s, ids, "prompt", &p, Some(16), score_prompt))
         .collect::<Result<Vec<_>, _>>()?;
     let id = s.request_id("cmpl");
     let created = now();
@@ -404,14 +428,7 @@ pub async fn completions(
                     base(json!([{"index": i, "text": t, "logprobs": null, "finish_reason": null}]))
                 }
                 Chunk::End(i, d, top) => {
-                    let lp = top.map(|k| {
-                        completion_logprobs(
-                            &tok,
-                            &d.logprobs[..d.tokens.min(d.logprobs.len())],
-                            k,
-                            0,
-                        )
-                    });
+                    let lp = top.map(|k| completion_logprobs(&tok, &generated(&d), k, 0));
                     base(
                         json!([{"index": i, "text": "", "logprobs": lp, "finish_reason": finish_str(&Some(d))}]),
                     )
@@ -433,9 +450,14 @@ pub async fn completions(
         .map(|(i, c)| {
             let prefix = if req.echo { echoes[i / n].as_str() } else { "" };
             let lp = match (p.logprobs, &c.done) {
-                (Some(k), Some(d)) => {
-                    completion_logprobs(&tok, &d.logprobs[..d.tokens.min(d.logprobs.len())], k, prefix.len())
+                (Some(k), Some(d)) if req.echo => {
+                    // The prompt from offset 0, then what was generated.
+                    let first = firsts[i / n].map(|t| (t, None));
+                    let scored = d.prompt_logprobs.iter().map(|s| (s.token, Some(s)));
+                    let entries: Vec<_> = first.into_iter().chain(scored).chain(generated(d)).collect();
+                    completion_logprobs(&tok, &entries, k, 0)
                 }
+                (Some(k), Some(d)) => completion_logprobs(&tok, &generated(d), k, prefix.len()),
                 _ => Value::Null,
             };
             json!({"index": i, "text": format!("{prefix}{}", c.text), "logprobs": lp, "finish_reason": finish_str(&c.done)})

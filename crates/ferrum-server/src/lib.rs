@@ -12,6 +12,8 @@ mod embed_worker;
 mod embeddings;
 mod error;
 mod generation;
+mod guard;
+mod listen;
 mod protocol;
 mod webui;
 mod worker;
@@ -21,10 +23,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::{header, StatusCode};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
+use axum::http::{Method, StatusCode};
 use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 pub use ferrum_engine::EngineConfig;
@@ -45,9 +47,25 @@ pub struct ServeConfig {
     pub port: u16,
     /// The `model` id clients use; requests naming another model get 404.
     pub served_model_name: String,
-    /// When set, `/v1/*`, `/tokenize` and `/detokenize` need
-    /// `Authorization: Bearer <key>`.
-    pub api_key: Option<String>,
+    /// Serve requests whatever model they name (for apps that hard-code
+    /// one); responses still carry `served_model_name`.
+    pub accept_any_model: bool,
+    /// When not empty, `/v1/*`, `/tokenize` and `/detokenize` need
+    /// `Authorization: Bearer <key>` with one of these keys.
+    pub api_keys: Vec<String>,
+    /// `/metrics` needs a key too (when there are keys).
+    pub metrics_require_key: bool,
+    /// Host names served besides IP literals and `localhost` (`*`: any);
+    /// see [`guard`].
+    pub allowed_hosts: Vec<String>,
+    /// Origins (`https://app.example`) whose pages may call the API, with
+    /// CORS; `*` allows any. Empty: only this server's own page.
+    pub allowed_origins: Vec<String>,
+    /// Longest wait for a request's headers (idle keep-alive included) and,
+    /// separately, for its body.
+    pub read_timeout: Duration,
+    /// Connections open at once.
+    pub max_connections: usize,
     /// Requests accepted but unfinished before new ones get 429.
     pub max_queue: usize,
     /// Largest request body; larger ones get 413.
@@ -113,17 +131,20 @@ impl AppState {
         })
     }
 
-    /// 404 for a request that names a model this server does not serve.
+    /// 404 for a request that names a model this server does not serve
+    /// (unless any name is accepted).
     fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
         match model {
-            Some(m) if m != self.cfg.served_model_name => Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                format!(
-                    "the model {m:?} does not exist; this server serves {:?}",
-                    self.cfg.served_model_name
-                ),
-                Some("model_not_found"),
-            )),
+            Some(m) if m != self.cfg.served_model_name && !self.cfg.accept_any_model => {
+                Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    format!(
+                        "the model {m:?} does not exist; this server serves {:?}",
+                        self.cfg.served_model_name
+                    ),
+                    Some("model_not_found"),
+                ))
+            }
             _ => Ok(()),
         }
     }
@@ -150,37 +171,32 @@ fn router(state: Shared) -> Router {
     page.route("/health", get(admin::health))
         .route("/metrics", get(admin::metrics))
         .route("/v1/models", get(admin::models))
+        .route("/v1/models/{id}", get(admin::model))
         .route("/tokenize", post(admin::tokenize))
         .route("/detokenize", post(admin::detokenize))
         .route("/v1/chat/completions", post(generation::chat))
         .route("/v1/completions", post(generation::completions))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint", None) })
-        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .method_not_allowed_fallback(|method: Method| async move {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("this endpoint does not take {method} requests"),
+                None,
+            )
+        })
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            guard::read_body,
+        ))
+        .layer(middleware::from_fn_with_state(state.clone(), guard::auth))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            guard::browser,
+        ))
         .layer(middleware::from_fn(http_metrics))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
-}
-
-async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
-    let path = req.uri().path();
-    let protected = path.starts_with("/v1/") || path == "/tokenize" || path == "/detokenize";
-    if let (Some(key), true) = (&s.cfg.api_key, protected) {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(key.as_str()) {
-            return ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "missing or wrong API key (send Authorization: Bearer <key>)",
-                Some("invalid_api_key"),
-            )
-            .into_response();
-        }
-    }
-    next.run(req).await
 }
 
 async fn http_metrics(req: Request, next: Next) -> Response {
@@ -304,7 +320,11 @@ impl Bound {
             }
         };
         let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-        let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
+        let limits = listen::ConnLimits {
+            header_timeout: state.cfg.read_timeout,
+            max_connections: state.cfg.max_connections.max(1),
+        };
+        let server = listen::serve(listener, router(state), limits, async move {
             shutdown_signal().await;
             tracing::info!("shutting down: no new connections; finishing in-flight requests");
             let _ = stop_tx.send(true);
@@ -314,7 +334,7 @@ impl Bound {
             tokio::time::sleep(timeout).await;
         };
         tokio::select! {
-            r = server => r.map_err(|e| format!("server error: {e}"))?,
+            () = server => {}
             e = load_failure => return Err(e),
             _ = deadline => tracing::warn!("in-flight requests did not finish within {timeout:?}; stopping anyway"),
         }

@@ -17,6 +17,9 @@ pub struct Job {
     pub max_tokens: usize,
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
+    /// Score the prompt's tokens too (`echo` with `logprobs`), with this
+    /// many alternatives each.
+    pub prompt_logprobs: Option<usize>,
     pub events: mpsc::UnboundedSender<Event>,
 }
 
@@ -33,6 +36,8 @@ pub struct ChoiceDone {
     /// Prompt tokens whose KV came from the prefix cache.
     pub cached: usize,
     pub logprobs: Vec<Sampled>,
+    /// The prompt's tokens after the first, when asked for.
+    pub prompt_logprobs: Vec<Sampled>,
 }
 
 /// Shared counters the HTTP side reads.
@@ -72,6 +77,7 @@ async fn run_job(engine: &Engine, job: Job) {
             sampling,
             stop_strings: job.stop.clone(),
             stop_tokens: Vec::new(),
+            prompt_logprobs: job.prompt_logprobs,
         };
         match engine.submit(req) {
             Ok(rx) => streams.push(rx),
@@ -95,7 +101,7 @@ async fn forward(
     out: mpsc::UnboundedSender<Event>,
 ) {
     use ferrum_engine::Event as E;
-    let mut logprobs = Vec::new();
+    let (mut logprobs, mut prompt_logprobs) = (Vec::new(), Vec::new());
     loop {
         let ev = tokio::select! {
             _ = out.closed() => return,
@@ -107,12 +113,17 @@ async fn forward(
                 text.is_empty() || out.send(Event::Text { index, text }).is_ok()
             }
             Some(E::Text(text)) => out.send(Event::Text { index, text }).is_ok(),
+            Some(E::PromptLogprobs(p)) => {
+                prompt_logprobs = p;
+                true
+            }
             Some(E::Done(c)) => {
                 let done = ChoiceDone {
                     finish: c.finish,
                     tokens: c.completion_tokens,
                     cached: c.cached_tokens,
                     logprobs: std::mem::take(&mut logprobs),
+                    prompt_logprobs: std::mem::take(&mut prompt_logprobs),
                 };
                 let _ = out.send(Event::Done { index, done });
                 return;

@@ -153,6 +153,7 @@ impl Session<'_> {
             sampling: self.args.sampling(),
             stop_strings: self.args.stop.clone(),
             stop_tokens: Vec::new(),
+            prompt_logprobs: None,
         };
         self.interrupted.store(false, Ordering::SeqCst);
         self.generating.store(true, Ordering::SeqCst);
@@ -193,6 +194,7 @@ impl Session<'_> {
                     print(&t, &mut text);
                 }
                 Event::Text(t) => print(&t, &mut text),
+                Event::PromptLogprobs(_) => {}
                 Event::Done(c) => break Some(c),
                 Event::Error(e) => return Err(anyhow!(e)),
             }

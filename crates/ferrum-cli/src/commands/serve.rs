@@ -1,9 +1,10 @@
 //! `ferrum serve`: the OpenAI-compatible HTTP server.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use ferrum_engine::{Embedder, EngineConfig};
 use ferrum_kernels::CpuBackend;
@@ -31,6 +32,34 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on /v1/* (also FERRUM_API_KEY).
     #[arg(long, env = "FERRUM_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// Read the API keys from this file, one per line (keeps them out of
+    /// `ps`); any of them is accepted. Blank lines and `#` lines are skipped.
+    #[arg(long, value_name = "PATH", conflicts_with = "api_key")]
+    api_key_file: Option<PathBuf>,
+    /// /metrics needs the API key too.
+    #[arg(long)]
+    metrics_require_key: bool,
+    /// Serve requests that name any model (apps that hard-code one, e.g.
+    /// gpt-4o-mini); by default another name is a 404.
+    #[arg(long)]
+    accept_any_model: bool,
+    /// Host names to answer besides IP addresses and localhost
+    /// (comma-separated; `*` for any). Others are refused, which stops DNS
+    /// rebinding from reaching the server through a web page.
+    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+    allowed_hosts: Vec<String>,
+    /// Origins whose web pages may call the API, with CORS
+    /// (comma-separated, e.g. https://app.example; `*` for any). By default
+    /// only the server's own chat page may.
+    #[arg(long, value_delimiter = ',', value_name = "ORIGINS")]
+    allowed_origins: Vec<String>,
+    /// Seconds a client gets to send a request's headers (and an idle
+    /// connection is kept), and again to send its body.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    read_timeout: u64,
+    /// Connections open at once; more wait to be accepted.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    max_connections: u64,
     /// Requests waiting or running before new ones get HTTP 429.
     #[arg(long, default_value_t = 256)]
     max_queue: usize,
@@ -56,7 +85,7 @@ pub struct ServeArgs {
     spec: SpecArgs,
 }
 
-fn is_encoder(dir: &std::path::Path) -> bool {
+fn is_encoder(dir: &Path) -> bool {
     std::fs::read_to_string(dir.join("config.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
@@ -74,7 +103,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
         host: args.host,
         port: args.port,
         served_model_name: args.served_model_name.unwrap_or_else(|| args.model.clone()),
-        api_key: args.api_key.filter(|k| !k.is_empty()),
+        accept_any_model: args.accept_any_model,
+        api_keys: match &args.api_key_file {
+            Some(f) => read_keys(f)?,
+            None => args.api_key.into_iter().filter(|k| !k.is_empty()).collect(),
+        },
+        metrics_require_key: args.metrics_require_key,
+        allowed_hosts: args.allowed_hosts,
+        allowed_origins: args.allowed_origins,
+        read_timeout: Duration::from_secs(args.read_timeout),
+        max_connections: args.max_connections as usize,
         max_queue: args.max_queue.max(1),
         max_body_bytes: args.max_body_bytes,
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
@@ -109,6 +147,23 @@ pub fn run(args: ServeArgs) -> Result<()> {
         server.run(loader).await
     })
     .map_err(|e| anyhow!(e))
+}
+
+/// The keys in an `--api-key-file`: one per line, blank and `#` lines
+/// skipped. An empty file is an error, not an open server.
+fn read_keys(path: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the API key file {}", path.display()))?;
+    let keys: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect();
+    if keys.is_empty() {
+        bail!("the API key file {} holds no key", path.display());
+    }
+    Ok(keys)
 }
 
 /// What `serve` prints once the port is bound: where a person and a client

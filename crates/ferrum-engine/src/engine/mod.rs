@@ -56,6 +56,10 @@ pub struct Request {
     pub stop_strings: Vec<String>,
     /// Tokens that end generation in addition to the tokenizer's own.
     pub stop_tokens: Vec<u32>,
+    /// Score the prompt too: the log-probability of each prompt token after
+    /// the first, with this many top alternatives ([`Event::PromptLogprobs`]).
+    /// Such a prompt skips the prefix cache: cached positions have no logits.
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// What a request's stream carries, in order.
@@ -71,6 +75,9 @@ pub enum Event {
     },
     /// Held-back text released at the end (no stop string matched).
     Text(String),
+    /// With `prompt_logprobs`: the prompt's tokens after the first, scored
+    /// given those before them; comes before the first token.
+    PromptLogprobs(Vec<Sampled>),
     /// The last event of a request that ran to its end.
     Done(Completion),
     /// The request failed; nothing follows.

@@ -24,7 +24,13 @@ use super::speculate::Speculation;
 use super::{Completion, EngineConfig, EngineStats, Event, Submission};
 use crate::finish::FinishReason;
 
+/// Most prompt positions scored in one step: each needs a row of
+/// vocabulary-sized logits (a 512-token chunk of a 150K vocabulary would be
+/// 300 MB of them).
+const SCORE_CHUNK: usize = 64;
+
 /// One sequence's share of a step: `tokens` new positions.
+#[derive(Clone, Copy)]
 struct Planned {
     /// Index into `running`.
     seq: usize,
@@ -173,7 +179,7 @@ impl<'t> Loop<'t> {
                 if (s.pending() == 1) != decode_pass || budget == 0 {
                     continue;
                 }
-                let n = self.fit(s, budget.min(s.pending()), &mut free);
+                let n = self.fit(s, budget.min(chunk(s)), &mut free);
                 if n > 0 {
                     budget -= n;
                     plan.push(Planned { seq: i, tokens: n });
@@ -189,7 +195,12 @@ impl<'t> Loop<'t> {
                 // Attaching cached blocks takes them out of the evictable
                 // set that `free` counted.
                 let before = self.available_blocks();
-                let hit = self.model.reuse_prefix(&s.id, &s.tokens);
+                let reusable = if s.scores_prompt() {
+                    &[][..]
+                } else {
+                    &s.tokens
+                };
+                let hit = self.model.reuse_prefix(&s.id, reusable);
                 free = free.saturating_sub(before.saturating_sub(self.available_blocks()));
                 s.has_cache = true;
                 s.computed = hit;
@@ -198,7 +209,7 @@ impl<'t> Loop<'t> {
                 }
                 self.stats.live_caches.fetch_add(1, Ordering::SeqCst);
             }
-            let n = self.fit(&s, budget.min(s.pending()), &mut free);
+            let n = self.fit(&s, budget.min(chunk(&s)), &mut free);
             if n == 0 {
                 // Not even one token fits: give the prefix blocks back and
                 // wait for running requests to finish.
@@ -276,7 +287,66 @@ impl<'t> Loop<'t> {
         let _ = s.events.send(Event::Error(msg.to_string()));
     }
 
+    /// Runs one step: sequences scoring their prompt one by one (they need
+    /// logits at every position), the rest as one batch; then retires the
+    /// sequences that finished or failed.
     fn execute(&mut self, plan: &[Planned]) {
+        let (scoring, batched): (Vec<Planned>, Vec<Planned>) = plan
+            .iter()
+            .partition(|p| self.running[p.seq].scores_prompt());
+        // (index into running, the error it failed with)
+        let mut ended: Vec<(usize, Option<String>)> = Vec::new();
+        for p in &scoring {
+            ended.extend(self.score_chunk(p));
+        }
+        if !batched.is_empty() {
+            self.run_batch(&batched, &mut ended);
+        }
+        ended.sort_unstable_by_key(|e| e.0);
+        for (i, error) in ended.into_iter().rev() {
+            let mut s = self.running.remove(i);
+            match error {
+                Some(m) => self.fail(s, &m),
+                None => self.release(&mut s),
+            }
+        }
+    }
+
+    /// Prefills one chunk of a prompt that is being scored; `Some` when the
+    /// sequence ended (finished at once, or failed).
+    fn score_chunk(&mut self, p: &Planned) -> Option<(usize, Option<String>)> {
+        let vocab = self.model.config().vocab_size;
+        let s = &mut self.running[p.seq];
+        let (from, end) = (s.computed, s.computed + p.tokens);
+        let model = &mut self.model;
+        let out = catch_unwind(AssertUnwindSafe(|| {
+            model.forward_verify(&s.id, &s.tokens[from..end])
+        }));
+        let mut logits = match out {
+            Ok(l) if l.len() == p.tokens * vocab => l,
+            _ => {
+                tracing::error!("scoring a prompt failed; its request failed, the engine goes on");
+                return Some((
+                    p.seq,
+                    Some("internal error while scoring the prompt".into()),
+                ));
+            }
+        };
+        s.computed = end;
+        s.on_prompt_logits(from, &logits, vocab);
+        if end < s.tokens.len() {
+            return None;
+        }
+        let last = &mut logits[(p.tokens - 1) * vocab..];
+        s.on_logits(last).map(|_| (p.seq, None))
+    }
+
+    /// One forward pass over `plan`'s chunks and decodes; samples where a
+    /// sequence's input is complete.
+    fn run_batch(&mut self, plan: &[Planned], ended: &mut Vec<(usize, Option<String>)>) {
+        let fail_all = |ended: &mut Vec<_>, msg: &str| {
+            ended.extend(plan.iter().map(|p| (p.seq, Some(msg.to_string()))));
+        };
         // Refill the reused items in place, keeping their allocations.
         self.items.resize_with(plan.len(), Default::default);
         for (item, p) in self.items.iter_mut().zip(plan) {
@@ -298,13 +368,11 @@ impl<'t> Loop<'t> {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 tracing::error!("a batch failed: {e}");
-                self.fail_planned(plan, &e.to_string());
-                return;
+                return fail_all(ended, &e.to_string());
             }
             Err(_) => {
                 tracing::error!("the model panicked; its requests failed, the engine goes on");
-                self.fail_planned(plan, "internal error while generating");
-                return;
+                return fail_all(ended, "internal error while generating");
             }
         }
         let vocab = self.model.config().vocab_size;
@@ -314,11 +382,9 @@ impl<'t> Loop<'t> {
                 "the model returned {} logits for {wanted} rows of {vocab}",
                 self.logits.len()
             );
-            self.fail_planned(plan, "internal error while generating");
-            return;
+            return fail_all(ended, "internal error while generating");
         }
         let mut rows = self.logits.chunks_exact_mut(vocab);
-        let mut finished = Vec::new();
         for (p, item) in plan.iter().zip(&self.items) {
             let s = &mut self.running[p.seq];
             s.computed += p.tokens;
@@ -327,13 +393,8 @@ impl<'t> Loop<'t> {
                 continue;
             };
             if s.on_logits(l).is_some() {
-                finished.push(p.seq);
+                ended.push((p.seq, None));
             }
-        }
-        finished.sort_unstable();
-        for i in finished.into_iter().rev() {
-            let mut s = self.running.remove(i);
-            self.release(&mut s);
         }
     }
 
@@ -414,15 +475,6 @@ impl<'t> Loop<'t> {
         }
     }
 
-    fn fail_planned(&mut self, plan: &[Planned], msg: &str) {
-        let mut idx: Vec<usize> = plan.iter().map(|p| p.seq).collect();
-        idx.sort_unstable();
-        for i in idx.into_iter().rev() {
-            let s = self.running.remove(i);
-            self.fail(s, msg);
-        }
-    }
-
     fn publish(&self) {
         let (w, r) = (self.waiting.len(), self.running.len());
         self.stats.waiting.store(w, Ordering::SeqCst);
@@ -440,6 +492,15 @@ impl<'t> Loop<'t> {
                     .set(u.prefix_hit_tokens as f64 / u.prefix_query_tokens as f64);
             }
         }
+    }
+}
+
+/// The most tokens of `s` one step may take.
+fn chunk(s: &Seq) -> usize {
+    if s.scores_prompt() {
+        s.pending().min(SCORE_CHUNK)
+    } else {
+        s.pending()
     }
 }
 

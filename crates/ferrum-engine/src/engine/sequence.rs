@@ -8,7 +8,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::{Completion, Event, Request};
 use crate::finish::FinishReason;
-use crate::sampler::{Sampled, Sampler};
+use crate::sampler::{score, Sampled, Sampler};
 use crate::stop::StopStrings;
 
 pub(super) struct Seq<'t> {
@@ -32,6 +32,9 @@ pub(super) struct Seq<'t> {
     stops: StopStrings,
     stop_tokens: Vec<u32>,
     want_logprobs: bool,
+    /// While the prompt is being scored: top alternatives per position.
+    prompt_top: Option<usize>,
+    prompt_logprobs: Vec<Sampled>,
     pub events: UnboundedSender<Event>,
     pub submitted: Instant,
     first_token: Option<Instant>,
@@ -54,6 +57,8 @@ impl<'t> Seq<'t> {
             prompt_len: req.prompt.len(),
             sampler: Sampler::new(req.sampling.clone(), &req.prompt),
             want_logprobs: req.sampling.top_logprobs > 0,
+            prompt_top: req.prompt_logprobs.filter(|_| req.prompt.len() > 1),
+            prompt_logprobs: Vec::new(),
             tokens: req.prompt,
             computed: 0,
             has_cache: false,
@@ -72,6 +77,34 @@ impl<'t> Seq<'t> {
 
     pub fn max_tokens_is_zero(&self) -> bool {
         self.max_tokens == 0
+    }
+
+    /// Whether the prompt is still being scored: its prefill then needs
+    /// logits at every position, not only the last.
+    pub fn scores_prompt(&self) -> bool {
+        self.prompt_top.is_some()
+    }
+
+    /// Records the prompt tokens predicted by `logits`, rows for positions
+    /// `from..` (row j scores token `from + j + 1`); once every prompt token
+    /// after the first is scored, sends them. Positions scored before (a
+    /// preempted request computes them again) are skipped.
+    pub fn on_prompt_logits(&mut self, from: usize, logits: &[f32], vocab: usize) {
+        let Some(top) = self.prompt_top else {
+            return;
+        };
+        for (j, row) in logits.chunks_exact(vocab).enumerate() {
+            let next = from + j + 1;
+            if next < self.prompt_len && next == self.prompt_logprobs.len() + 1 {
+                self.prompt_logprobs
+                    .push(score(row, self.tokens[next], top));
+            }
+        }
+        if self.prompt_logprobs.len() + 1 == self.prompt_len {
+            self.prompt_top = None;
+            let scored = std::mem::take(&mut self.prompt_logprobs);
+            let _ = self.events.send(Event::PromptLogprobs(scored));
+        }
     }
 
     /// Tokens not yet in the cache.

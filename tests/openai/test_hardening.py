@@ -1,0 +1,198 @@
+"""What `ferrum serve` refuses and how: stalled clients, requests a web page
+could forge, API-key details, error shapes, and the OpenAI details
+(`models.retrieve`, any model name, which field a context error names)."""
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+MODEL = "smollm2"
+
+
+def request(server, path, body=None, headers=None, method=None):
+    """(status, headers, parsed JSON or None) of one request."""
+    data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
+    hdrs = {"Content-Type": "application/json"} if isinstance(body, (dict, list)) else {}
+    req = urllib.request.Request(server.url + path, data=data, method=method, headers={**hdrs, **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            raw = r.read()
+            return r.status, r.headers, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        return e.code, e.headers, json.loads(raw) if raw else None
+
+
+def assert_openai_error(body, status_type):
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"], body
+    assert err["type"] == status_type, body
+
+
+def connect(server):
+    s = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=10)
+    s.settimeout(10)
+    return s
+
+
+def closed_after(sock):
+    """Seconds until the server closes `sock` (reading and discarding what it sends)."""
+    start = time.time()
+    received = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return time.time() - start, received
+        received += chunk
+
+
+def test_stalled_headers_are_cut_while_others_are_served(hardened_server):
+    stalled = [connect(hardened_server) for _ in range(4)]
+    for s in stalled:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")
+    # Others are served meanwhile.
+    status, _, body = request(hardened_server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+    assert status == 200 and body["choices"][0]["text"] is not None
+    for s in stalled:
+        waited, _ = closed_after(s)
+        assert waited < 5, f"a client stalled in its headers kept the connection {waited:.1f} s"
+
+
+def test_stalled_body_is_408(hardened_server):
+    s = connect(hardened_server)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 200\r\n\r\n{\"prompt\": \"Hel")
+    waited, reply = closed_after(s)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), reply
+    assert "did not arrive" in json.loads(body)["error"]["message"]
+    assert waited < 6
+
+
+def test_idle_keep_alive_connections_are_closed(hardened_server):
+    s = connect(hardened_server)
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    waited, reply = closed_after(s)
+    assert reply.startswith(b"HTTP/1.1 200"), reply
+    assert 1 < waited < 5, f"an idle keep-alive connection stayed {waited:.1f} s"
+
+
+def test_only_json_bodies_are_accepted(chat_server):
+    for ctype in ["text/plain", "application/x-www-form-urlencoded", None]:
+        headers = {"Content-Type": ctype} if ctype else {}
+        status, _, body = request(chat_server, "/v1/chat/completions", json.dumps(
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).encode(),
+            headers=headers)
+        assert status == 415, (ctype, body)
+        assert_openai_error(body, "invalid_request_error")
+    status, _, _ = request(chat_server, "/tokenize", {"prompt": "hi"},
+                           headers={"Content-Type": "application/json; charset=utf-8"})
+    assert status == 200
+
+
+def test_foreign_host_names_are_refused(chat_server, hardened_server):
+    port = chat_server.url.rsplit(":", 1)[1]
+    status, _, body = request(chat_server, "/v1/models", headers={"Host": f"rebound.example:{port}"})
+    assert status == 403 and "--allowed-hosts rebound.example" in body["error"]["message"]
+    assert_openai_error(body, "permission_error")
+    for host in [f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"]:
+        assert request(chat_server, "/v1/models", headers={"Host": host})[0] == 200, host
+    assert request(hardened_server, "/health", headers={"Host": "ferrum.lan"})[0] == 200
+
+
+def test_cross_origin_requests_need_listing(chat_server, hardened_server):
+    evil = {"Origin": "https://evil.example"}
+    status, _, body = request(chat_server, "/v1/models", headers=evil)
+    assert status == 403 and body["error"]["code"] == "origin_not_allowed"
+    status, _, _ = request(chat_server, "/v1/chat/completions", method="OPTIONS",
+                           headers={**evil, "Access-Control-Request-Method": "POST"})
+    assert status == 403
+    # The server's own page is same-origin.
+    assert request(chat_server, "/v1/models", headers={"Origin": chat_server.url})[0] == 200
+
+    app = {"Origin": "https://app.example"}
+    status, headers, _ = request(hardened_server, "/v1/chat/completions", method="OPTIONS",
+                                 headers={**app, "Access-Control-Request-Method": "POST",
+                                          "Access-Control-Request-Headers": "authorization, content-type"})
+    assert status == 204
+    assert headers["Access-Control-Allow-Origin"] == "https://app.example"
+    assert "POST" in headers["Access-Control-Allow-Methods"]
+    assert "authorization" in headers["Access-Control-Allow-Headers"]
+    status, headers, body = request(hardened_server, "/v1/completions", {"prompt": "Hi", "max_tokens": 1},
+                                    headers=app)
+    assert status == 200 and headers["Access-Control-Allow-Origin"] == "https://app.example"
+    assert request(hardened_server, "/v1/models", headers=evil)[0] == 403
+
+
+def test_api_key_details(keyed_server):
+    for auth in ["Bearer sekret", "bearer sekret", "BEARER   second-key"]:
+        assert request(keyed_server, "/v1/models", headers={"Authorization": auth})[0] == 200, auth
+    for auth in ["Bearer sekre", "Basic sekret", "Bearer # ferrum API keys", "Bearer "]:
+        status, _, body = request(keyed_server, "/v1/models", headers={"Authorization": auth})
+        assert status == 401, auth
+        assert_openai_error(body, "authentication_error")
+    # --metrics-require-key; /health stays open for probes.
+    assert request(keyed_server, "/metrics")[0] == 401
+    with urllib.request.urlopen(urllib.request.Request(keyed_server.url + "/metrics",
+                                                       headers={"Authorization": "Bearer sekret"})) as r:
+        assert r.status == 200 and b"ferrum_model_ready" in r.read()
+    assert request(keyed_server, "/health")[0] == 200
+
+
+def test_errors_have_openai_shape(chat_server):
+    status, headers, body = request(chat_server, "/v1/chat/completions")
+    assert status == 405 and headers["Allow"] == "POST"
+    assert_openai_error(body, "invalid_request_error")
+    status, _, body = request(chat_server, "/v1/models", method="DELETE")
+    assert status == 405
+    assert_openai_error(body, "invalid_request_error")
+    status, _, body = request(chat_server, "/v2/nothing")
+    assert status == 404
+    assert_openai_error(body, "not_found_error")
+
+
+def test_models_retrieve(chat_server):
+    client = openai.OpenAI(base_url=chat_server.url + "/v1", api_key="none", max_retries=0)
+    m = client.models.retrieve(MODEL)
+    assert m.id == MODEL and m.object == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o-mini")
+
+
+def test_any_model_name_when_asked(chat_server, hardened_server):
+    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    assert request(chat_server, "/v1/chat/completions", body)[0] == 404
+    status, _, reply = request(hardened_server, "/v1/chat/completions", body)
+    assert status == 200 and reply["model"] == MODEL
+
+
+def test_context_errors_name_the_field(chat_server):
+    long = "word " * 5000
+    status, _, body = request(chat_server, "/v1/completions", {"model": MODEL, "prompt": long, "max_tokens": 1})
+    assert status == 400 and body["error"]["param"] == "prompt", body
+    status, _, body = request(chat_server, "/v1/chat/completions",
+                              {"model": MODEL, "messages": [{"role": "user", "content": long}], "max_tokens": 1})
+    assert status == 400 and body["error"]["param"] == "messages", body
+
+
+def test_echo_with_logprobs_scores_the_prompt(chat_server):
+    client = openai.OpenAI(base_url=chat_server.url + "/v1", api_key="none", max_retries=0)
+    prompt = "The capital of France is"
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0, echo=True, logprobs=2)
+    choice, usage = r.choices[0], r.usage
+    lp = choice.logprobs
+    assert choice.text.startswith(prompt)
+    # One entry per prompt token, then one per generated token.
+    assert len(lp.tokens) == usage.prompt_tokens + usage.completion_tokens
+    assert "".join(lp.tokens) == choice.text
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v <= 0 for v in lp.token_logprobs[1:])
+    assert all(len(t) == 2 for t in lp.top_logprobs[1:])
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    # The generated part is scored as without echo.
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0, logprobs=2)
+    assert lp.token_logprobs[usage.prompt_tokens:] == plain.choices[0].logprobs.token_logprobs
