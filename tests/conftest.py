@@ -97,6 +97,14 @@ def no_webui_server():
 
 
 @pytest.fixture(scope="session")
+def capped_server():
+    """Two connections at most, idle ones cut after 2 s."""
+    s = Server("--model", "smollm2", "--max-connections", "2", "--read-timeout", "2")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
 def tiny_queue_server():
     s = Server("--model", "smollm2", "--max-queue", "1")
     yield s

@@ -81,6 +81,20 @@ def test_idle_keep_alive_connections_are_closed(hardened_server):
     assert 1 < waited < 5, f"an idle keep-alive connection stayed {waited:.1f} s"
 
 
+def test_connections_beyond_the_cap_wait_for_a_slot(capped_server):
+    # Two silent connections fill the cap; the third client is accepted
+    # only when the read timeout frees a slot, and is then served.
+    idle = [connect(capped_server) for _ in range(2)]
+    time.sleep(0.3)
+    start = time.time()
+    status, _, _ = request(capped_server, "/health")
+    waited = time.time() - start
+    assert status == 200
+    assert 1.2 < waited < 5, f"the third connection waited {waited:.1f} s"
+    for s in idle:
+        s.close()
+
+
 def test_only_json_bodies_are_accepted(chat_server):
     for ctype in ["text/plain", "application/x-www-form-urlencoded", None]:
         headers = {"Content-Type": ctype} if ctype else {}
