@@ -288,13 +288,14 @@ function fillMessage(node, m) {
   if (m.role === "user") body.textContent = m.content;
   else body.append(renderMarkdown(m.content));
   const foot = node.querySelector(".stats");
-  foot.replaceChildren();
-  if (m.stats) foot.append(statsText(m.stats));
-  if (m.stopped) foot.append((m.stats ? " \u00b7 " : "") + "stopped");
-  if (m.finish === "length") foot.append(" \u00b7 hit the token limit");
+  const parts = [];
+  if (m.stats) parts.push(statsText(m.stats));
+  if (m.stopped) parts.push("stopped");
+  if (m.finish === "length") parts.push("hit the token limit");
+  foot.replaceChildren(parts.join(" \u00b7 "));
   if (m.error) {
     const e = el("span", "error");
-    e.textContent = (foot.childNodes.length ? " " : "") + "Error: " + m.error;
+    e.textContent = (parts.length ? " " : "") + "Error: " + m.error;
     foot.append(e);
   }
 }
