@@ -78,19 +78,10 @@ fn tokenizer(r: &Ready) -> &Tokenizer {
     }
 }
 
+/// The body `guard::read_body` buffered (and already held to the size
+/// limit and the read timeout); a rejection here keeps its own status.
 pub fn body(b: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    b.map_err(|e| {
-        let status = e.status();
-        ApiError::new(
-            status,
-            if status == StatusCode::PAYLOAD_TOO_LARGE {
-                "the request body is too large".to_string()
-            } else {
-                e.body_text()
-            },
-            None,
-        )
-    })
+    b.map_err(|e| ApiError::new(e.status(), e.body_text(), None))
 }
 
 pub async fn tokenize(

@@ -6,7 +6,7 @@
 //! GGUF files stay. An alias fetched from the Hub is both a link in the first
 //! and a file in the second; it is listed once, under its alias.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -105,20 +105,11 @@ fn entries() -> Vec<Entry> {
     let mut out = ferrum_entries(&cache_dir());
     let seen: HashSet<PathBuf> = out.iter().flat_map(|e| real_files(&e.path)).collect();
     out.extend(
-        hub_entries(&hub_dir())
+        hub_entries(hf_hub::Cache::from_env().path())
             .into_iter()
             .filter(|e| real_files(&e.path).iter().all(|f| !seen.contains(f))),
     );
     out
-}
-
-/// The Hub cache hf-hub uses: `HF_HOME/hub`, default `~/.cache/huggingface/hub`.
-fn hub_dir() -> PathBuf {
-    match std::env::var_os("HF_HOME") {
-        Some(h) => PathBuf::from(h).join("hub"),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-            .join(".cache/huggingface/hub"),
-    }
 }
 
 fn sorted_dir(dir: &Path) -> Vec<PathBuf> {
@@ -241,15 +232,12 @@ fn hf_quantization(config: &Path) -> Option<String> {
             .parent()
             .and_then(|dir| SafeTensors::open_dir(dir).ok())
             .and_then(|st| {
-                let mut numel: Vec<(String, usize)> = Vec::new();
-                for t in st.names().into_iter().filter_map(|n| st.get(n)) {
-                    let ty = format!("{:?}", t.dtype).to_lowercase();
-                    match numel.iter_mut().find(|(d, _)| *d == ty) {
-                        Some((_, n)) => *n += t.numel(),
-                        None => numel.push((ty, t.numel())),
-                    }
-                }
-                numel.into_iter().max_by_key(|(_, n)| *n).map(|(d, _)| d)
+                let sizes = st
+                    .names()
+                    .into_iter()
+                    .filter_map(|n| st.get(n))
+                    .map(|t| (format!("{:?}", t.dtype).to_lowercase(), t.numel() as u64));
+                dominant(sizes)
             })
             .unwrap_or_else(|| "unknown".into())
     }))
@@ -298,19 +286,21 @@ fn gguf_quantization(g: &GgufFile) -> String {
         .and_then(|t| NAMES.iter().find(|(k, _)| *k == t))
         .map(|(_, n)| n.to_string());
     named.unwrap_or_else(|| {
-        let mut bytes: Vec<(String, u64)> = Vec::new();
-        for t in g.tensors() {
-            let n = g.tensor_range(t).len() as u64;
-            match bytes.iter_mut().find(|(ty, _)| *ty == t.ty.to_string()) {
-                Some((_, b)) => *b += n,
-                None => bytes.push((t.ty.to_string(), n)),
-            }
-        }
-        bytes
-            .into_iter()
-            .max_by_key(|(_, b)| *b)
-            .map_or_else(|| "none".into(), |(ty, _)| ty)
+        let sizes = g
+            .tensors()
+            .iter()
+            .map(|t| (t.ty.to_string(), g.tensor_range(t).len() as u64));
+        dominant(sizes).unwrap_or_else(|| "none".into())
     })
+}
+
+/// The type with the largest total among `(type, size)` pairs.
+fn dominant(sizes: impl Iterator<Item = (String, u64)>) -> Option<String> {
+    let mut totals: HashMap<String, u64> = HashMap::new();
+    for (ty, n) in sizes {
+        *totals.entry(ty).or_default() += n;
+    }
+    totals.into_iter().max_by_key(|&(_, n)| n).map(|(ty, _)| ty)
 }
 
 /// Removes a cache entry and the bytes it points at: a link into the Hub
