@@ -6,7 +6,7 @@ use anyhow::{bail, Result};
 use ferrum_engine::Speculation;
 use ferrum_formats::gguf::GgufFile;
 use ferrum_models::llama::LlamaModel;
-use ferrum_models::DecoderOnlyLLM;
+use ferrum_models::PagedLlm;
 use ferrum_models::{KvDtype, KvPoolConfig};
 use ferrum_tokenizer::Tokenizer;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -134,7 +134,7 @@ impl ModelFiles {
 
     /// Loads the weights onto `device` with a KV pool sized by `pool`, with
     /// a progress bar on stderr (layer by layer; gone once loaded).
-    pub fn load_llm(&self, device: Device, pool: &KvPoolConfig) -> Result<Box<dyn DecoderOnlyLLM>> {
+    pub fn load_llm(&self, device: Device, pool: &KvPoolConfig) -> Result<Box<dyn PagedLlm>> {
         device.init()?;
         let bar = ProgressBar::new(0);
         bar.set_style(
@@ -146,7 +146,7 @@ impl ModelFiles {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
         };
-        let model: Result<Box<dyn DecoderOnlyLLM>> = on_device!(device, |B| match self {
+        let model: Result<Box<dyn PagedLlm>> = on_device!(device, |B| match self {
             Self::Gguf(g) => Ok(Box::new(LlamaModel::<B>::from_gguf_reporting(
                 g, pool, &progress
             )?)),

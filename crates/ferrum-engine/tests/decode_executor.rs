@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use ferrum_engine::{GenericDecodeExecutor, Sampler, SamplingParams};
 use ferrum_kernels::CpuBackend;
-use ferrum_models::llama::{LlamaDecodeBackend, LlamaModel};
-use ferrum_models::DecoderOnlyLLM;
+use ferrum_models::llama::LlamaModel;
+use ferrum_models::{DecoderOnlyLLM, KvManaged, PagedDecodeBackend};
 use ferrum_types::{DecodeBackend, TensorRef};
 
 #[test]
@@ -31,13 +31,13 @@ fn prefill_hand_off_then_decode_matches_transformers() {
     };
     let prompt = ids(&r["input_ids"]);
 
-    let mut prefiller = LlamaModel::<CpuBackend>::from_hf_dir(&dir).unwrap();
+    let mut prefiller = KvManaged::new(LlamaModel::<CpuBackend>::from_hf_dir(&dir).unwrap());
     let logits = prefiller.prefill("s", &prompt);
     let kv = prefiller.export_kv("s").unwrap();
     prefiller.release("s");
 
     let backend =
-        LlamaDecodeBackend::new(LlamaModel::<CpuBackend>::from_hf_dir(&dir).unwrap(), "cpu");
+        PagedDecodeBackend::new(LlamaModel::<CpuBackend>::from_hf_dir(&dir).unwrap(), "cpu");
     let mut exec = GenericDecodeExecutor::new(backend);
     let mut sampler = Sampler::new(SamplingParams::greedy(), &prompt);
     let out = exec
@@ -55,7 +55,7 @@ fn bad_hand_offs_are_errors() {
         return;
     }
     let mut b =
-        LlamaDecodeBackend::new(LlamaModel::<CpuBackend>::from_hf_dir(&dir).unwrap(), "cpu");
+        PagedDecodeBackend::new(LlamaModel::<CpuBackend>::from_hf_dir(&dir).unwrap(), "cpu");
     assert!(b.decode_step(1, 0, "nope").is_err());
     let t = TensorRef::new(vec![2, 3, 16], vec![0.0; 96]).unwrap();
     assert!(

@@ -1,14 +1,19 @@
-//! Model architectures for Ferrum and the interface the engine drives them
-//! through ([`DecoderOnlyLLM`]).
+//! Model architectures for Ferrum and the interfaces they are driven
+//! through: [`PagedLlm`] (the engine's, with block tables it plans) and
+//! [`DecoderOnlyLLM`] (the seed's per-sequence API, from [`KvManaged`]).
 
 pub mod bert;
 pub mod llama;
 mod llm;
+mod managed;
+mod paged;
 pub mod rope;
 
 pub use ferrum_kernels::KvDtype;
-pub use ferrum_kv::KvUsage;
+pub use ferrum_kv::{BlockCopy, BlockManager, KvUsage};
 pub use llm::{
     kv_capacity_from_env, DecoderOnlyLLM, KvPoolConfig, LlmRuntimeConfig, LoadProgress,
     KV_CACHE_TOKENS_ENV, KV_CAPACITY_ENV,
 };
+pub use managed::{KvManaged, PagedDecodeBackend, Segment};
+pub use paged::{check_tokens, with_items, BatchItem, KvPool, LogitsWanted, PagedLlm};

@@ -2,7 +2,6 @@
 //! model, independent of backend and weight format.
 
 use ferrum_kernels::KvDtype;
-use ferrum_kv::KvUsage;
 use ferrum_types::{FerrumError, Result};
 
 /// Told `(done, total)` as a model's weights load, so a front end can draw
@@ -91,7 +90,11 @@ impl KvPoolConfig {
     }
 }
 
-/// A decoder-only language model with its own per-sequence KV caches.
+/// A decoder-only language model with its own per-sequence KV caches: the
+/// seed's interface, for callers that run one or a few sequences by name
+/// (`ferrum run`, `ferrum bench`, draft models). Paged models get it from
+/// [`crate::KvManaged`]; the engine drives [`crate::PagedLlm`] directly
+/// with its own block manager.
 ///
 /// Sequences are named by a `cache_id` chosen by the caller. `prefill`
 /// consumes a prompt and creates or extends that sequence's cache; `decode`
@@ -175,24 +178,6 @@ pub trait DecoderOnlyLLM: Send + Sync {
         ))
     }
 
-    /// [`DecoderOnlyLLM::unified_forward`] writing the final chunks' logits
-    /// back to back into `logits` (cleared first; `vocab_size` values for
-    /// each item whose flag is set, in item order), so a serving loop that
-    /// keeps one buffer need not allocate per step. Default: through
-    /// `unified_forward`.
-    fn unified_forward_into(
-        &mut self,
-        items: &[(String, Vec<u32>, usize, bool)],
-        logits: &mut Vec<f32>,
-    ) -> Result<()> {
-        let out = self.unified_forward(items)?;
-        logits.clear();
-        for l in out.iter().flatten() {
-            logits.extend_from_slice(l);
-        }
-        Ok(())
-    }
-
     /// Rolls `cache_id` back to its first `new_len` positions (speculative
     /// decoding's rejection path). The default panics: a model that cannot
     /// roll back must not pretend it did, and the signature has no error.
@@ -202,25 +187,4 @@ pub trait DecoderOnlyLLM: Send + Sync {
 
     /// Drops every sequence's cached state.
     fn reset(&mut self) {}
-
-    /// Occupancy of the shared paged KV pool, for schedulers that admit and
-    /// preempt on free blocks. `None`: the model keeps private per-sequence
-    /// caches bounded only by [`DecoderOnlyLLM::kv_capacity`].
-    fn kv_usage(&self) -> Option<KvUsage> {
-        None
-    }
-
-    /// Pool blocks `cache_id` would take to grow to `new_len` positions
-    /// (copy-on-write included). 0 for models without a pool.
-    fn kv_blocks_needed(&self, _cache_id: &str, _new_len: usize) -> usize {
-        0
-    }
-
-    /// Attaches cached KV blocks holding a prefix of `prompt` to a new
-    /// sequence `cache_id` and returns how many prompt positions they cover
-    /// (always fewer than `prompt.len()`); the caller prefills only the
-    /// rest. Default: no prefix cache, 0.
-    fn reuse_prefix(&mut self, _cache_id: &str, _prompt: &[u32]) -> usize {
-        0
-    }
 }

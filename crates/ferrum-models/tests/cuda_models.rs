@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use ferrum_kernels::{CpuBackend, CudaBackend};
 use ferrum_models::llama::LlamaModel;
-use ferrum_models::{DecoderOnlyLLM, KvDtype, KvPoolConfig};
+use ferrum_models::{DecoderOnlyLLM, KvDtype, KvManaged, KvPoolConfig};
 use serde_json::Value;
 
 fn fixtures() -> PathBuf {
@@ -71,8 +71,9 @@ fn gpu_models_match_cpu_and_transformers() {
             dtype: KvDtype::F32,
             ..KvPoolConfig::default()
         };
-        let mut cpu = LlamaModel::<CpuBackend>::from_hf_dir_with(&dir, &f32_kv).unwrap();
-        let mut gpu = LlamaModel::<CudaBackend>::from_hf_dir(&dir).unwrap();
+        let mut cpu =
+            KvManaged::new(LlamaModel::<CpuBackend>::from_hf_dir_with(&dir, &f32_kv).unwrap());
+        let mut gpu = KvManaged::new(LlamaModel::<CudaBackend>::from_hf_dir(&dir).unwrap());
         let c = cpu.prefill("s", &ids);
         let mut g = gpu.prefill("s", &ids);
         let num: f64 = c

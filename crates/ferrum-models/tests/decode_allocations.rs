@@ -13,8 +13,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ferrum_kernels::{CpuBackend, GgufQuantType};
-use ferrum_models::llama::{preset, LlamaModel, LogitsWanted, Segment};
-use ferrum_models::DecoderOnlyLLM;
+use ferrum_models::llama::{preset, LlamaModel};
+use ferrum_models::{DecoderOnlyLLM, KvManaged, LogitsWanted, Segment};
 
 /// Counts every allocation and reallocation, on any thread.
 struct Counting;
@@ -54,14 +54,15 @@ fn count_allocations() {
     (cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.vocab) = (4, 2, 64, 1000);
     cfg.sliding = vec![false; 2];
     for ty in [GgufQuantType::Q4_1, GgufQuantType::Q4K] {
-        let mut model = LlamaModel::<CpuBackend>::random(cfg.clone(), ty, 3).unwrap();
+        let mut model =
+            KvManaged::new(LlamaModel::<CpuBackend>::random(cfg.clone(), ty, 3).unwrap());
         let ids = ["a", "b"];
         for id in ids {
             model.prepare(id, 128);
             model.try_prefill(id, &[1, 2, 3, 4, 5, 6, 7]).unwrap();
         }
         let mut logits = Vec::new();
-        let mut step = |model: &mut LlamaModel<CpuBackend>, i: usize| {
+        let mut step = |model: &mut KvManaged<LlamaModel<CpuBackend>>, i: usize| {
             let toks = [[(i % 1000) as u32], [(7 * i % 1000) as u32]];
             let segs = [0, 1].map(|s| Segment {
                 cache_id: ids[s],

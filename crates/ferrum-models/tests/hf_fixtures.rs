@@ -15,7 +15,9 @@ use std::path::{Path, PathBuf};
 
 use ferrum_kernels::CpuBackend;
 use ferrum_models::llama::LlamaModel;
-use ferrum_models::{DecoderOnlyLLM, KvDtype, KvPoolConfig};
+use ferrum_models::{
+    BatchItem, DecoderOnlyLLM, KvDtype, KvManaged, KvPoolConfig, LogitsWanted, PagedLlm,
+};
 use serde_json::Value;
 
 const CAUSAL: &[&str] = &[
@@ -88,12 +90,12 @@ fn check_top5(name: &str, what: &str, logits: &[f32], top: &Value, tol: f32) {
     assert_eq!(argmax(logits), want_ids[0], "{name} {what}: top-1");
 }
 
-fn load(dir: &Path, dtype: KvDtype) -> LlamaModel<CpuBackend> {
+fn load(dir: &Path, dtype: KvDtype) -> KvManaged<LlamaModel<CpuBackend>> {
     let pool = KvPoolConfig {
         dtype,
         ..KvPoolConfig::default()
     };
-    LlamaModel::<CpuBackend>::from_hf_dir_with(dir, &pool).unwrap()
+    KvManaged::new(LlamaModel::<CpuBackend>::from_hf_dir_with(dir, &pool).unwrap())
 }
 
 #[test]
@@ -163,7 +165,7 @@ fn batched_paths_agree_with_single_sequences() {
         return;
     };
     let prompt = ids(&r["input_ids"]);
-    let mut m = LlamaModel::<CpuBackend>::from_hf_dir(&dir).unwrap();
+    let mut m = KvManaged::new(LlamaModel::<CpuBackend>::from_hf_dir(&dir).unwrap());
     // Reference: each sequence alone.
     let a = m.prefill("a", &prompt);
     let b = m.prefill("b", &prompt[..5]);
@@ -213,7 +215,7 @@ fn a_large_decode_batch_equals_its_sequences_alone() {
         return;
     };
     let prompt = ids(&r["input_ids"]);
-    let mut m = LlamaModel::<CpuBackend>::from_hf_dir(&dir).unwrap();
+    let mut m = KvManaged::new(LlamaModel::<CpuBackend>::from_hf_dir(&dir).unwrap());
     let seqs: Vec<(String, usize, u32)> = (0..20)
         .map(|i| (format!("s{i}"), 1 + i % prompt.len(), (3 * i + 1) as u32))
         .collect();
@@ -248,7 +250,7 @@ fn bad_requests_are_errors_not_panics() {
     let Some((dir, _)) = fixture("llama") else {
         return;
     };
-    let mut m = LlamaModel::<CpuBackend>::from_hf_dir(&dir).unwrap();
+    let mut m = KvManaged::new(LlamaModel::<CpuBackend>::from_hf_dir(&dir).unwrap());
     assert!(m.try_prefill("x", &[]).is_err());
     assert!(m
         .try_prefill("x", &[100_000])
@@ -268,6 +270,25 @@ fn bad_requests_are_errors_not_panics() {
         "{err}"
     );
     assert_eq!(m.kv_len("x"), 0, "nothing written on error");
+    // The engine's path: block tables come from outside and are checked.
+    let pool = m.model().kv_pool();
+    let mut logits = Vec::new();
+    let item = |table: &'static [u32]| BatchItem {
+        tokens: &[1, 2, 3],
+        pos: 0,
+        block_table: table,
+        logits: LogitsWanted::Last,
+    };
+    let model = m.model_mut();
+    let short = model.forward_paged(&[item(&[])], &mut logits).unwrap_err();
+    assert!(short.to_string().contains("cannot hold 3"), "{short}");
+    let outside: &'static [u32] = Box::leak(vec![pool.blocks as u32].into_boxed_slice());
+    let err = model
+        .forward_paged(&[item(outside)], &mut logits)
+        .unwrap_err();
+    assert!(err.to_string().contains("outside a pool"), "{err}");
+    model.forward_paged(&[item(&[0])], &mut logits).unwrap();
+    assert_eq!(logits.len(), model.config().vocab_size);
     let moe =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/hf-tiny/bert");
     let err = LlamaModel::<CpuBackend>::from_hf_dir(&moe)

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use ferrum_formats::gguf::GgufFile;
 use ferrum_kernels::CpuBackend;
 use ferrum_models::llama::LlamaModel;
-use ferrum_models::DecoderOnlyLLM;
+use ferrum_models::{DecoderOnlyLLM, KvManaged};
 use ferrum_tokenizer::Tokenizer;
 
 fn fetched(name: &str) -> Option<PathBuf> {
@@ -28,7 +28,7 @@ fn fetched(name: &str) -> Option<PathBuf> {
 fn greedy(file: &str, prompt: &str, n: usize) -> Option<String> {
     let g = GgufFile::open(fetched(file)?).unwrap();
     let tok = Tokenizer::from_gguf(&g).unwrap();
-    let mut m = LlamaModel::<CpuBackend>::from_gguf(&g).unwrap();
+    let mut m = KvManaged::new(LlamaModel::<CpuBackend>::from_gguf(&g).unwrap());
     let ids = tok.encode(prompt, true, false).unwrap();
     let mut logits = m.prefill("s", &ids);
     let mut out = Vec::new();
@@ -102,8 +102,8 @@ fn long_context_decode_matches_prefill() {
         };
         let g = GgufFile::open(path).unwrap();
         let tok = Tokenizer::from_gguf(&g).unwrap();
-        let mut m = LlamaModel::<CpuBackend>::from_gguf(&g).unwrap();
-        m.set_int8_activations(false);
+        let mut m = KvManaged::new(LlamaModel::<CpuBackend>::from_gguf(&g).unwrap());
+        m.model_mut().set_int8_activations(false);
         let text: String = (0..400)
             .map(|i| format!("Item {i} costs {} dollars. ", i * 7 % 13))
             .collect();

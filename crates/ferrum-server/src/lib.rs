@@ -32,7 +32,7 @@ use axum::Router;
 pub use ferrum_engine::EngineConfig;
 use ferrum_engine::{Embedder, Engine, Speculation};
 use ferrum_kernels::CpuBackend;
-use ferrum_models::DecoderOnlyLLM;
+use ferrum_models::PagedLlm;
 use ferrum_tokenizer::chat::ChatTemplate;
 use ferrum_tokenizer::Tokenizer;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -83,7 +83,7 @@ pub struct ServeConfig {
 #[allow(clippy::large_enum_variant)]
 pub enum LoadedModel {
     Llm {
-        model: Box<dyn DecoderOnlyLLM>,
+        model: Box<dyn PagedLlm>,
         tokenizer: Tokenizer,
         speculation: Option<Speculation>,
     },

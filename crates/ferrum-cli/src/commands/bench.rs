@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use ferrum_models::DecoderOnlyLLM;
+use ferrum_models::{DecoderOnlyLLM, KvManaged, PagedLlm};
 
 use ferrum_kernels::GgufQuantType;
 use ferrum_models::llama::LlamaModel;
@@ -143,7 +143,7 @@ fn measure(reps: usize, mut f: impl FnMut() -> f64) -> (f64, f64) {
 }
 
 /// A model of a preset's shapes with random weights in `ty` blocks.
-fn random_model(preset: &str, ty: &str, device: Device) -> Result<Box<dyn DecoderOnlyLLM>> {
+fn random_model(preset: &str, ty: &str, device: Device) -> Result<Box<dyn PagedLlm>> {
     let Some(cfg) = ferrum_models::llama::preset(preset) else {
         bail!(
             "unknown preset {preset:?}; choose one of {}",
@@ -182,7 +182,7 @@ fn measure_all(args: BenchArgs) -> Result<()> {
     if args.repetitions == 0 {
         bail!("-r must be at least 1");
     }
-    let (name, mut model) = match &args.random_weights {
+    let (name, model) = match &args.random_weights {
         Some(p) => (
             format!("{p} random {}", args.random_type),
             random_model(p, &args.random_type, args.device)?,
@@ -196,6 +196,7 @@ fn measure_all(args: BenchArgs) -> Result<()> {
             (name, files.load_llm(args.device, &args.kv.pool())?)
         }
     };
+    let mut model = KvManaged::new(model);
     let vocab = model.config().vocab_size;
     let capacity = model.kv_capacity();
     let longest = args.n_prompt.max(args.depth.max(1) + args.n_gen);
@@ -214,14 +215,14 @@ fn measure_all(args: BenchArgs) -> Result<()> {
     let mut json = serde_json::Map::new();
     if args.n_prompt > 0 {
         let prompt = random_tokens(args.n_prompt, vocab, 1);
-        let r = measure(args.repetitions, || pp(model.as_mut(), &prompt));
+        let r = measure(args.repetitions, || pp(&mut model, &prompt));
         row(format!("pp{}", args.n_prompt), r);
         json.insert("pp_tok_s".into(), r.0.into());
         json.insert("pp_std".into(), r.1.into());
     }
     if args.n_gen > 0 {
         let r = measure(args.repetitions, || {
-            tg(model.as_mut(), args.n_gen, args.depth, vocab)
+            tg(&mut model, args.n_gen, args.depth, vocab)
         });
         let at = if args.depth > 0 {
             format!(" @ d{}", args.depth)
@@ -234,7 +235,7 @@ fn measure_all(args: BenchArgs) -> Result<()> {
     }
     if let Some(b) = args.batch.filter(|&b| b > 0) {
         let n = args.n_gen.max(1);
-        let r = measure(args.repetitions, || batched(model.as_mut(), b, n, vocab));
+        let r = measure(args.repetitions, || batched(&mut model, b, n, vocab));
         row(format!("tg{n} batch {b}"), r);
         json.insert("batch".into(), b.into());
         json.insert("batch_tok_s".into(), r.0.into());

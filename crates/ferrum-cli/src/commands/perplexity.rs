@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use ferrum_models::{DecoderOnlyLLM, KvManaged};
 
 use crate::model_files::{resolve, Device, KvDtypeArg, ModelFiles};
 
@@ -45,7 +46,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
     let tokens = tok.encode(&text, true, false)?;
-    let mut model = files.load_llm(args.device, &args.kv.pool())?;
+    let mut model = KvManaged::new(files.load_llm(args.device, &args.kv.pool())?);
     if args.ctx > model.kv_capacity() {
         bail!(
             "--ctx {} exceeds the KV capacity {} (set FERRUM_KV_CAPACITY)",

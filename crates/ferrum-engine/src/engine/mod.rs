@@ -14,7 +14,7 @@ mod speculate;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 
-use ferrum_models::DecoderOnlyLLM;
+use ferrum_models::PagedLlm;
 use ferrum_tokenizer::Tokenizer;
 use ferrum_types::{FerrumError, Result};
 use tokio::sync::mpsc as tmpsc;
@@ -130,17 +130,13 @@ pub struct Engine {
 impl Engine {
     /// Starts the loop on its own thread. It ends when every handle is
     /// dropped and the running requests are done.
-    pub fn start(
-        model: Box<dyn DecoderOnlyLLM>,
-        tok: Arc<Tokenizer>,
-        cfg: EngineConfig,
-    ) -> Result<Self> {
+    pub fn start(model: Box<dyn PagedLlm>, tok: Arc<Tokenizer>, cfg: EngineConfig) -> Result<Self> {
         Self::start_with(model, tok, cfg, None)
     }
 
     /// [`Engine::start`] with speculative decoding.
     pub fn start_with(
-        model: Box<dyn DecoderOnlyLLM>,
+        model: Box<dyn PagedLlm>,
         tok: Arc<Tokenizer>,
         cfg: EngineConfig,
         spec: Option<Speculation>,

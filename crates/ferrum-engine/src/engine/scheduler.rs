@@ -2,6 +2,10 @@
 //! plans a batch under the token, sequence and KV-block budgets, runs it as
 //! one forward pass and samples where a sequence's input is complete.
 //!
+//! The scheduler owns the KV block manager over the model's pool (as vLLM's
+//! scheduler owns its KV cache manager): it reserves blocks while planning
+//! and hands the model each item's block table; the model only stores K/V.
+//!
 //! Policy (vLLM's, simplified): running decodes first; then the rest of
 //! partially prefilled prompts; then waiting requests in arrival order,
 //! each after attaching whatever prefix the KV cache already holds. A
@@ -15,9 +19,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 
-use ferrum_models::DecoderOnlyLLM;
+use ferrum_models::{with_items, BatchItem, BlockCopy, BlockManager, LogitsWanted, PagedLlm};
 use ferrum_tokenizer::Tokenizer;
-use ferrum_types::Result;
+use ferrum_types::{FerrumError, Result};
 
 use super::sequence::Seq;
 use super::speculate::Speculation;
@@ -38,7 +42,11 @@ struct Planned {
 }
 
 pub(super) struct Loop<'t> {
-    model: Box<dyn DecoderOnlyLLM>,
+    model: Box<dyn PagedLlm>,
+    /// Which pool blocks each sequence holds, and the prefix cache.
+    kv: BlockManager,
+    /// Copy-on-write copies reserved while planning, done before the step.
+    copies: Vec<BlockCopy>,
     tok: &'t Tokenizer,
     cfg: EngineConfig,
     stats: Arc<EngineStats>,
@@ -47,15 +55,14 @@ pub(super) struct Loop<'t> {
     running: Vec<Seq<'t>>,
     arrivals: u64,
     spec: Option<Speculation>,
-    /// Reused every step: the batch handed to the model and its logits
-    /// (a step allocates nothing for them once they have grown).
-    items: Vec<(String, Vec<u32>, usize, bool)>,
+    /// Reused every step: the logits of the wanted rows (a step allocates
+    /// nothing for them once they have grown).
     logits: Vec<f32>,
 }
 
 impl<'t> Loop<'t> {
     pub fn new(
-        model: Box<dyn DecoderOnlyLLM>,
+        model: Box<dyn PagedLlm>,
         tok: &'t Tokenizer,
         mut cfg: EngineConfig,
         stats: Arc<EngineStats>,
@@ -65,8 +72,11 @@ impl<'t> Loop<'t> {
         // Every running decode must fit in a step.
         cfg.max_num_batched_tokens = cfg.max_num_batched_tokens.max(cfg.max_num_seqs);
         let capacity = model.kv_capacity();
+        let kv = model.kv_pool().manager();
         Self {
             model,
+            kv,
+            copies: Vec::new(),
             tok,
             cfg,
             stats,
@@ -75,7 +85,6 @@ impl<'t> Loop<'t> {
             running: Vec::new(),
             arrivals: 0,
             spec,
-            items: Vec::new(),
             logits: Vec::new(),
         }
     }
@@ -145,11 +154,9 @@ impl<'t> Loop<'t> {
         }
     }
 
-    /// Free blocks in the model's pool (unbounded without a pool).
+    /// Blocks a reservation can take: free plus evictable.
     fn available_blocks(&self) -> usize {
-        self.model
-            .kv_usage()
-            .map_or(usize::MAX, |u| u.available_blocks())
+        self.kv.usage().available_blocks()
     }
 
     /// Decides this step's batch; may preempt and admit.
@@ -161,7 +168,7 @@ impl<'t> Loop<'t> {
                 .running
                 .iter()
                 .filter(|s| s.pending() == 1)
-                .map(|s| self.model.kv_blocks_needed(&s.id, s.computed + 1))
+                .map(|s| self.kv.blocks_needed(&s.id, s.computed + 1))
                 .sum();
             if need <= self.available_blocks() || self.running.len() <= 1 {
                 break;
@@ -169,7 +176,6 @@ impl<'t> Loop<'t> {
             self.preempt_newest();
         }
         let mut budget = self.cfg.max_num_batched_tokens;
-        let mut free = self.available_blocks();
         let mut plan = Vec::new();
         // Running sequences: decodes, then continuing prefills, in arrival
         // order (running is kept sorted by arrival).
@@ -179,7 +185,7 @@ impl<'t> Loop<'t> {
                 if (s.pending() == 1) != decode_pass || budget == 0 {
                     continue;
                 }
-                let n = self.fit(s, budget.min(chunk(s)), &mut free);
+                let n = fit(&mut self.kv, &mut self.copies, s, budget.min(chunk(s)));
                 if n > 0 {
                     budget -= n;
                     plan.push(Planned { seq: i, tokens: n });
@@ -192,16 +198,12 @@ impl<'t> Loop<'t> {
                 break;
             };
             if !s.has_cache {
-                // Attaching cached blocks takes them out of the evictable
-                // set that `free` counted.
-                let before = self.available_blocks();
                 let reusable = if s.scores_prompt() {
                     &[][..]
                 } else {
-                    &s.tokens
+                    &s.tokens[..s.tokens.len().min(self.capacity)]
                 };
-                let hit = self.model.reuse_prefix(&s.id, reusable);
-                free = free.saturating_sub(before.saturating_sub(self.available_blocks()));
+                let hit = self.kv.match_prefix(&s.id, reusable);
                 s.has_cache = true;
                 s.computed = hit;
                 if s.cached_tokens == 0 && s.generated() == 0 {
@@ -209,7 +211,7 @@ impl<'t> Loop<'t> {
                 }
                 self.stats.live_caches.fetch_add(1, Ordering::SeqCst);
             }
-            let n = self.fit(&s, budget.min(chunk(&s)), &mut free);
+            let n = fit(&mut self.kv, &mut self.copies, &s, budget.min(chunk(&s)));
             if n == 0 {
                 // Not even one token fits: give the prefix blocks back and
                 // wait for running requests to finish.
@@ -238,20 +240,6 @@ impl<'t> Loop<'t> {
         plan
     }
 
-    /// The largest chunk `<= want` whose blocks fit in `free`; reserves them.
-    fn fit(&self, s: &Seq, want: usize, free: &mut usize) -> usize {
-        let mut n = want;
-        while n > 0 {
-            let need = self.model.kv_blocks_needed(&s.id, s.computed + n);
-            if need <= *free {
-                *free -= need;
-                return n;
-            }
-            n /= 2;
-        }
-        0
-    }
-
     fn insert_running(&mut self, s: Seq<'t>) -> usize {
         let i = self.running.partition_point(|r| r.arrival < s.arrival);
         self.running.insert(i, s);
@@ -275,7 +263,7 @@ impl<'t> Loop<'t> {
             spec.release(&s.id);
         }
         if s.has_cache {
-            self.model.release(&s.id);
+            self.kv.release(&s.id);
             s.has_cache = false;
             s.computed = 0;
             self.stats.live_caches.fetch_sub(1, Ordering::SeqCst);
@@ -291,16 +279,20 @@ impl<'t> Loop<'t> {
     /// logits at every position), the rest as one batch; then retires the
     /// sequences that finished or failed.
     fn execute(&mut self, plan: &[Planned]) {
-        let (scoring, batched): (Vec<Planned>, Vec<Planned>) = plan
-            .iter()
-            .partition(|p| self.running[p.seq].scores_prompt());
         // (index into running, the error it failed with)
         let mut ended: Vec<(usize, Option<String>)> = Vec::new();
-        for p in &scoring {
-            ended.extend(self.score_chunk(p));
-        }
-        if !batched.is_empty() {
-            self.run_batch(&batched, &mut ended);
+        if let Err(e) = self.copy_reserved() {
+            ended.extend(plan.iter().map(|p| (p.seq, Some(e.to_string()))));
+        } else {
+            let (scoring, batched): (Vec<Planned>, Vec<Planned>) = plan
+                .iter()
+                .partition(|p| self.running[p.seq].scores_prompt());
+            for p in &scoring {
+                ended.extend(self.score_chunk(p));
+            }
+            if !batched.is_empty() {
+                self.run_batch(&batched, &mut ended);
+            }
         }
         ended.sort_unstable_by_key(|e| e.0);
         for (i, error) in ended.into_iter().rev() {
@@ -312,32 +304,39 @@ impl<'t> Loop<'t> {
         }
     }
 
+    /// Performs the copy-on-write copies reserved while planning.
+    fn copy_reserved(&mut self) -> Result<()> {
+        if self.copies.is_empty() {
+            return Ok(());
+        }
+        let done = self.model.copy_blocks(&self.copies);
+        self.copies.clear();
+        done
+    }
+
     /// Prefills one chunk of a prompt that is being scored; `Some` when the
     /// sequence ended (finished at once, or failed).
     fn score_chunk(&mut self, p: &Planned) -> Option<(usize, Option<String>)> {
         let vocab = self.model.config().vocab_size;
         let s = &mut self.running[p.seq];
         let (from, end) = (s.computed, s.computed + p.tokens);
-        let model = &mut self.model;
-        let out = catch_unwind(AssertUnwindSafe(|| {
-            model.forward_verify(&s.id, &s.tokens[from..end])
-        }));
-        let mut logits = match out {
-            Ok(l) if l.len() == p.tokens * vocab => l,
-            _ => {
-                tracing::error!("scoring a prompt failed; its request failed, the engine goes on");
-                return Some((
-                    p.seq,
-                    Some("internal error while scoring the prompt".into()),
-                ));
-            }
+        let item = BatchItem {
+            tokens: &s.tokens[from..end],
+            pos: from,
+            block_table: self.kv.table(&s.id),
+            logits: LogitsWanted::All,
         };
+        if let Err(e) = guarded(self.model.as_mut(), &[item], &mut self.logits) {
+            tracing::error!("scoring a prompt failed: {e}");
+            return Some((p.seq, Some(e.to_string())));
+        }
+        self.kv.commit(&s.id, &s.tokens[from..end]);
         s.computed = end;
-        s.on_prompt_logits(from, &logits, vocab);
+        s.on_prompt_logits(from, &self.logits, vocab);
         if end < s.tokens.len() {
             return None;
         }
-        let last = &mut logits[(p.tokens - 1) * vocab..];
+        let last = &mut self.logits[(p.tokens - 1) * vocab..];
         s.on_logits(last).map(|_| (p.seq, None))
     }
 
@@ -347,49 +346,41 @@ impl<'t> Loop<'t> {
         let fail_all = |ended: &mut Vec<_>, msg: &str| {
             ended.extend(plan.iter().map(|p| (p.seq, Some(msg.to_string()))));
         };
-        // Refill the reused items in place, keeping their allocations.
-        self.items.resize_with(plan.len(), Default::default);
-        for (item, p) in self.items.iter_mut().zip(plan) {
-            let s = &self.running[p.seq];
-            let end = s.computed + p.tokens;
-            item.0.clear();
-            item.0.push_str(&s.id);
-            item.1.clear();
-            item.1.extend_from_slice(&s.tokens[s.computed..end]);
-            (item.2, item.3) = (s.computed, end == s.tokens.len());
-        }
         metrics::histogram!("ferrum_batch_tokens")
-            .record(self.items.iter().map(|i| i.1.len()).sum::<usize>() as f64);
-        let (model, items, logits) = (&mut self.model, &self.items, &mut self.logits);
-        // A panic inside the model is a bug, but it must cost only the
-        // requests of this step, not the engine.
-        let out = catch_unwind(AssertUnwindSafe(|| forward(model.as_mut(), items, logits)));
-        match out {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::error!("a batch failed: {e}");
-                return fail_all(ended, &e.to_string());
+            .record(plan.iter().map(|p| p.tokens).sum::<usize>() as f64);
+        let (kv, running) = (&self.kv, &self.running);
+        let items = plan.iter().map(|p| {
+            let s = &running[p.seq];
+            let end = s.computed + p.tokens;
+            BatchItem {
+                tokens: &s.tokens[s.computed..end],
+                pos: s.computed,
+                block_table: kv.table(&s.id),
+                logits: if end == s.tokens.len() {
+                    LogitsWanted::Last
+                } else {
+                    LogitsWanted::None
+                },
             }
-            Err(_) => {
-                tracing::error!("the model panicked; its requests failed, the engine goes on");
-                return fail_all(ended, "internal error while generating");
-            }
+        });
+        let (model, logits) = (self.model.as_mut(), &mut self.logits);
+        if let Err(e) = with_items(items, |items| guarded(model, items, logits)) {
+            tracing::error!("a batch failed: {e}");
+            return fail_all(ended, &e.to_string());
         }
         let vocab = self.model.config().vocab_size;
-        let wanted = self.items.iter().filter(|i| i.3).count();
-        if self.logits.len() != wanted * vocab {
-            tracing::error!(
-                "the model returned {} logits for {wanted} rows of {vocab}",
-                self.logits.len()
-            );
-            return fail_all(ended, "internal error while generating");
-        }
         let mut rows = self.logits.chunks_exact_mut(vocab);
-        for (p, item) in plan.iter().zip(&self.items) {
+        for p in plan {
             let s = &mut self.running[p.seq];
-            s.computed += p.tokens;
-            // Checked above: one row per final chunk.
-            let Some(l) = item.3.then(|| rows.next()).flatten() else {
+            let end = s.computed + p.tokens;
+            self.kv.commit(&s.id, &s.tokens[s.computed..end]);
+            s.computed = end;
+            if end < s.tokens.len() {
+                continue;
+            }
+            // The model returns exactly one row per final chunk.
+            let Some(l) = rows.next() else {
+                ended.push((p.seq, Some("internal error: logits missing".into())));
                 continue;
             };
             if s.on_logits(l).is_some() {
@@ -398,11 +389,12 @@ impl<'t> Loop<'t> {
         }
     }
 
-    /// Draft tokens for this step, when it speculates: speculation runs
-    /// when one request is decoding alone. Decoding one sequence is
-    /// memory-bound and leaves the cores idle, so verifying k drafts costs
-    /// about one step; a batch of decodes already uses the compute, and
-    /// verifying per sequence would undo the batching.
+    /// Draft tokens for this step, when it speculates (their blocks
+    /// reserved): speculation runs when one request is decoding alone.
+    /// Decoding one sequence is memory-bound and leaves the cores idle, so
+    /// verifying k drafts costs about one step; a batch of decodes already
+    /// uses the compute, and verifying per sequence would undo the
+    /// batching.
     fn draft(&mut self, plan: &[Planned]) -> Option<Vec<u32>> {
         let spec = self.spec.as_mut()?;
         let [p] = plan else {
@@ -417,17 +409,17 @@ impl<'t> Loop<'t> {
         if k == 0 {
             return None;
         }
-        let (id, tokens) = (s.id.clone(), s.tokens.clone());
-        let draft = catch_unwind(AssertUnwindSafe(|| spec.propose(&id, &tokens, k)))
-            .unwrap_or_else(|_| {
-                tracing::error!("the draft model panicked; decoding without speculation");
-                Vec::new()
-            });
-        let s = &self.running[p.seq];
-        let need = self
-            .model
-            .kv_blocks_needed(&s.id, s.computed + 1 + draft.len());
-        (!draft.is_empty() && need <= self.available_blocks()).then_some(draft)
+        let draft = match spec.propose(&s.id, &s.tokens, k) {
+            Ok(d) if !d.is_empty() => d,
+            Ok(_) => return None,
+            Err(e) => {
+                tracing::error!("the draft model failed ({e}); decoding without speculation");
+                return None;
+            }
+        };
+        let copies = self.kv.reserve(&s.id, s.computed + 1 + draft.len()).ok()?;
+        self.copies.extend(copies);
+        Some(draft)
     }
 
     /// Runs the one decoding sequence's pending token plus `draft` in one
@@ -435,21 +427,31 @@ impl<'t> Loop<'t> {
     /// rolls the KV cache back past the first rejected draft.
     fn execute_speculative(&mut self, draft: Vec<u32>) {
         let vocab = self.model.config().vocab_size;
+        if let Err(e) = self.copy_reserved() {
+            let s = self.running.remove(0);
+            return self.fail(s, &e.to_string());
+        }
         let s = &mut self.running[0];
         let pos = s.computed;
         let mut toks = vec![s.tokens[pos]];
         toks.extend_from_slice(&draft);
-        let model = &mut self.model;
-        let out = catch_unwind(AssertUnwindSafe(|| model.forward_verify(&s.id, &toks)));
-        let Ok(mut logits) = out else {
-            tracing::error!("the model panicked; its request failed, the engine goes on");
-            let s = self.running.remove(0);
-            self.fail(s, "internal error while generating");
-            return;
+        let item = BatchItem {
+            tokens: &toks,
+            pos,
+            block_table: self.kv.table(&s.id),
+            logits: LogitsWanted::All,
         };
+        let done = guarded(self.model.as_mut(), &[item], &mut self.logits);
+        if let Err(e) = done {
+            tracing::error!("a speculative step failed: {e}");
+            let s = self.running.remove(0);
+            self.fail(s, &e.to_string());
+            return;
+        }
+        self.kv.commit(&s.id, &toks);
         let mut accepted = 0;
         let mut finished = None;
-        for (i, l) in logits.chunks_exact_mut(vocab).enumerate() {
+        for (i, l) in self.logits.chunks_exact_mut(vocab).enumerate() {
             if let Some(&d) = draft.get(i) {
                 let (fin, ok) = s.on_draft(l, d);
                 accepted += usize::from(ok);
@@ -464,7 +466,7 @@ impl<'t> Loop<'t> {
         // The cache holds the fed token and the accepted drafts; the token
         // emitted last (a correction or the bonus) is pending.
         s.computed = pos + 1 + accepted;
-        self.model.truncate_kv(&s.id, s.computed);
+        self.kv.truncate(&s.id, s.computed);
         self.stats.drafted.fetch_add(draft.len(), Ordering::SeqCst);
         self.stats.accepted.fetch_add(accepted, Ordering::SeqCst);
         metrics::counter!("ferrum_spec_draft_tokens_total").increment(draft.len() as u64);
@@ -481,7 +483,8 @@ impl<'t> Loop<'t> {
         self.stats.running.store(r, Ordering::SeqCst);
         metrics::gauge!("ferrum_requests_waiting").set(w as f64);
         metrics::gauge!("ferrum_requests_running").set(r as f64);
-        if let Some(u) = self.model.kv_usage() {
+        {
+            let u = self.kv.usage();
             metrics::gauge!("ferrum_kv_blocks_used").set(u.used_blocks as f64);
             metrics::gauge!("ferrum_kv_blocks_free").set(u.available_blocks() as f64);
             metrics::gauge!("ferrum_kv_blocks_cached").set(u.cached_blocks as f64);
@@ -504,36 +507,28 @@ fn chunk(s: &Seq) -> usize {
     }
 }
 
-/// One forward pass over mixed prefill chunks and decodes, the final
-/// chunks' logits back to back in `logits`: `unified_forward_into` where the
-/// model has it, else `prefill` per chunk and one `decode_batch` for the
-/// single-token items.
-fn forward(
-    model: &mut dyn DecoderOnlyLLM,
-    items: &[(String, Vec<u32>, usize, bool)],
-    logits: &mut Vec<f32>,
-) -> Result<()> {
-    match model.unified_forward_into(items, logits) {
-        Err(e) if e.is_unsupported() => {}
-        other => return other,
-    }
-    let mut out: Vec<Option<Vec<f32>>> = vec![None; items.len()];
-    let mut decodes = Vec::new();
-    for (i, (id, toks, pos, last)) in items.iter().enumerate() {
-        if toks.len() == 1 && *last {
-            decodes.push((i, (id.clone(), toks[0], *pos as u32)));
-        } else {
-            let l = model.prefill(id, toks);
-            out[i] = last.then_some(l);
+/// The largest chunk `<= want` of `s` whose blocks the pool has, reserved
+/// now (its copy-on-write copies queued in `copies`); 0 if not one token
+/// fits.
+fn fit(kv: &mut BlockManager, copies: &mut Vec<BlockCopy>, s: &Seq, want: usize) -> usize {
+    let mut n = want;
+    while n > 0 {
+        if let Ok(c) = kv.reserve(&s.id, s.computed + n) {
+            copies.extend(c);
+            return n;
         }
+        n /= 2;
     }
-    let batch: Vec<_> = decodes.iter().map(|(_, d)| d.clone()).collect();
-    for ((i, _), l) in decodes.iter().zip(model.decode_batch(&batch)) {
-        out[*i] = Some(l);
-    }
-    logits.clear();
-    for l in out.iter().flatten() {
-        logits.extend_from_slice(l);
-    }
-    Ok(())
+    0
+}
+
+/// [`PagedLlm::forward_paged`], with a panic inside the model turned into
+/// an error: a panic there is a bug, and it must cost only the requests of
+/// the step, not the engine. Errors themselves come back as `Result`.
+fn guarded(model: &mut dyn PagedLlm, items: &[BatchItem], logits: &mut Vec<f32>) -> Result<()> {
+    catch_unwind(AssertUnwindSafe(|| model.forward_paged(items, logits))).unwrap_or_else(|_| {
+        Err(FerrumError::Device(
+            "internal error: the model panicked".into(),
+        ))
+    })
 }

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use ferrum_models::DecoderOnlyLLM;
+use ferrum_models::{DecoderOnlyLLM, KvManaged, PagedLlm};
 use ferrum_types::{FerrumError, Result};
 
 use crate::sampler::argmax;
@@ -22,7 +22,7 @@ pub enum Drafter {
     /// A smaller model with the same vocabulary, run greedily on its own KV
     /// cache; `cached` mirrors the tokens that cache holds per sequence.
     Model {
-        model: Box<dyn DecoderOnlyLLM>,
+        model: Box<KvManaged<Box<dyn PagedLlm>>>,
         cached: HashMap<String, Vec<u32>>,
     },
 }
@@ -46,10 +46,10 @@ impl Speculation {
     }
 
     /// Draft-model speculation; the draft must share the target's vocabulary.
-    pub fn draft_model(model: Box<dyn DecoderOnlyLLM>, tokens: usize) -> Self {
+    pub fn draft_model(model: Box<dyn PagedLlm>, tokens: usize) -> Self {
         Self {
             drafter: Drafter::Model {
-                model,
+                model: Box::new(KvManaged::new(model)),
                 cached: HashMap::new(),
             },
             tokens,
@@ -68,16 +68,15 @@ impl Speculation {
         Ok(())
     }
 
-    /// Up to `k` tokens expected after `tokens`. Panics only where the
-    /// draft model does (the engine catches it).
-    pub(super) fn propose(&mut self, seq: &str, tokens: &[u32], k: usize) -> Vec<u32> {
+    /// Up to `k` tokens expected after `tokens`.
+    pub(super) fn propose(&mut self, seq: &str, tokens: &[u32], k: usize) -> Result<Vec<u32>> {
         match &mut self.drafter {
-            Drafter::Ngram { max_ngram } => ngram_lookup(tokens, *max_ngram, k),
+            Drafter::Ngram { max_ngram } => Ok(ngram_lookup(tokens, *max_ngram, k)),
             Drafter::Model { model, cached } => {
                 let room = model.kv_capacity().saturating_sub(tokens.len());
                 let k = k.min(room);
                 if k == 0 {
-                    return Vec::new();
+                    return Ok(Vec::new());
                 }
                 let held = cached.entry(seq.to_string()).or_default();
                 // Keep what the draft cache shares with the sequence (at
@@ -90,18 +89,26 @@ impl Speculation {
                     .min(tokens.len() - 1);
                 model.truncate_kv(seq, common);
                 held.truncate(common);
-                let mut logits = model.prefill(seq, &tokens[common..]);
+                let mut logits = match model.try_prefill(seq, &tokens[common..]) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        // Start the draft cache afresh next time.
+                        model.release(seq);
+                        held.clear();
+                        return Err(e);
+                    }
+                };
                 held.extend_from_slice(&tokens[common..]);
                 let mut out = Vec::with_capacity(k);
                 for i in 0..k {
                     let d = argmax(&logits);
                     out.push(d);
                     if i + 1 < k {
-                        logits = model.decode(seq, d, held.len() as u32);
+                        logits = model.try_decode(seq, d, held.len())?;
                         held.push(d);
                     }
                 }
-                out
+                Ok(out)
             }
         }
     }

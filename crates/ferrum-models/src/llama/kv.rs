@@ -1,16 +1,18 @@
 //! The model's KV storage: one paged K and V pool per layer, shared by all
-//! sequences, with a [`BlockManager`] saying which blocks hold what.
+//! sequences. Which blocks hold what is the caller's to track (see
+//! [`crate::paged`]); this module only moves data in and out of blocks.
 
 use ferrum_kernels::{Backend, KvDtype, PagedKv};
-use ferrum_kv::{BlockCopy, BlockManager};
+use ferrum_kv::BlockCopy;
 use ferrum_types::{FerrumError, Result, TensorRef};
 
 use crate::llm::KvPoolConfig;
+use crate::paged::KvPool;
 
 pub(super) struct KvStore<B: Backend> {
     pub k: Vec<B::Buffer>,
     pub v: Vec<B::Buffer>,
-    pub blocks: BlockManager,
+    pub pool: KvPool,
     nkv: usize,
     hd: usize,
     dtype: KvDtype,
@@ -19,9 +21,8 @@ pub(super) struct KvStore<B: Backend> {
 impl<B: Backend> KvStore<B> {
     /// Pools of `cfg.dtype` for `tokens` positions in `cfg.block_size`
     /// blocks (0: the backend's choice for sequences of `capacity`). On the
-    /// CPU the pools
-    /// are zero pages the OS maps on first write, so an unused pool costs
-    /// address space, not memory.
+    /// CPU the pools are zero pages the OS maps on first write, so an
+    /// unused pool costs address space, not memory.
     pub fn new(
         layers: usize,
         nkv: usize,
@@ -39,24 +40,34 @@ impl<B: Backend> KvStore<B> {
         Self {
             k: (0..layers).map(|_| B::alloc_kv(len, cfg.dtype)).collect(),
             v: (0..layers).map(|_| B::alloc_kv(len, cfg.dtype)).collect(),
-            blocks: BlockManager::new(blocks, bs, cfg.prefix_caching),
+            pool: KvPool {
+                blocks,
+                block_size: bs,
+                prefix_caching: cfg.prefix_caching,
+            },
             nkv,
             hd,
             dtype: cfg.dtype,
         }
     }
 
-    pub fn pages<'a>(&'a self, seq: &str) -> PagedKv<'a> {
+    pub fn pages<'a>(&self, table: &'a [u32]) -> PagedKv<'a> {
         PagedKv {
-            block_table: self.blocks.table(seq),
-            block_size: self.blocks.block_size(),
+            block_table: table,
+            block_size: self.pool.block_size,
         }
     }
 
     /// Performs copy-on-write copies in every layer.
-    pub fn copy_blocks(&mut self, ctx: &mut B::Context, copies: &[BlockCopy]) {
-        let n = self.nkv * self.blocks.block_size() * self.hd;
+    pub fn copy_blocks(&mut self, ctx: &mut B::Context, copies: &[BlockCopy]) -> Result<()> {
+        let n = self.nkv * self.pool.block_size * self.hd;
         for c in copies {
+            if c.src as usize >= self.pool.blocks || c.dst as usize >= self.pool.blocks {
+                return Err(FerrumError::invalid(format!(
+                    "block copy {} -> {} outside a pool of {} blocks",
+                    c.src, c.dst, self.pool.blocks
+                )));
+            }
             let (src, dst) = (c.src as usize * n, c.dst as usize * n);
             for pool in self.k.iter_mut().chain(self.v.iter_mut()) {
                 // Source and destination are distinct blocks of one buffer:
@@ -70,17 +81,31 @@ impl<B: Backend> KvStore<B> {
                 B::copy_slice(ctx, &tmp, 0, pool, dst, n);
             }
         }
+        Ok(())
     }
 
-    /// `seq`'s K/V, one `(K, V)` pair per layer of `[nkv, len, hd]`, as f32.
-    pub fn export(&self, seq: &str) -> Result<Vec<(TensorRef, TensorRef)>> {
-        if !self.blocks.contains(seq) {
+    /// Checks that `table` names pool blocks and covers `len` positions.
+    pub fn check_table(&self, table: &[u32], len: usize) -> Result<()> {
+        if table.len() * self.pool.block_size < len {
             return Err(FerrumError::invalid(format!(
-                "sequence {seq} has no KV cache"
+                "a block table of {} blocks cannot hold {len} positions",
+                table.len()
             )));
         }
-        let len = self.blocks.len(seq);
-        let pages = self.pages(seq);
+        if let Some(&b) = table.iter().find(|&&b| b as usize >= self.pool.blocks) {
+            return Err(FerrumError::invalid(format!(
+                "block {b} is outside a pool of {} blocks",
+                self.pool.blocks
+            )));
+        }
+        Ok(())
+    }
+
+    /// The K/V of `len` positions in `table`, one `(K, V)` pair per layer of
+    /// `[nkv, len, hd]`, as f32.
+    pub fn read(&self, table: &[u32], len: usize) -> Result<Vec<(TensorRef, TensorRef)>> {
+        self.check_table(table, len)?;
+        let pages = self.pages(table);
         let (nkv, hd) = (self.nkv, self.hd);
         let ctx = &mut B::new_context();
         let take = |pool: &B::Buffer, ctx: &mut B::Context| {
@@ -102,10 +127,13 @@ impl<B: Backend> KvStore<B> {
             .collect()
     }
 
-    /// Installs `[nkv, len, hd]` K/V per layer as `seq`'s cache. The tokens
-    /// they came from are unknown, so these blocks never enter the prefix
-    /// cache.
-    pub fn import(&mut self, seq: &str, kv: &[(TensorRef, TensorRef)], len: usize) -> Result<()> {
+    /// Writes `[nkv, len, hd]` K/V per layer into the blocks of `table`.
+    pub fn write(
+        &mut self,
+        table: &[u32],
+        kv: &[(TensorRef, TensorRef)],
+        len: usize,
+    ) -> Result<()> {
         let (nkv, hd) = (self.nkv, self.hd);
         if kv.len() != self.k.len() {
             return Err(FerrumError::invalid(format!(
@@ -125,21 +153,14 @@ impl<B: Backend> KvStore<B> {
                 }
             }
         }
-        self.blocks.release(seq);
-        self.blocks.reserve(seq, len)?;
+        self.check_table(table, len)?;
         let ctx = &mut B::new_context();
-        let bs = self.blocks.block_size();
-        let table = self.blocks.table(seq);
-        let pages = PagedKv {
-            block_table: table,
-            block_size: bs,
-        };
+        let pages = self.pages(table);
         for ((kp, vp), (k, v)) in self.k.iter_mut().zip(self.v.iter_mut()).zip(kv) {
             let (kb, vb) = (B::from_slice(k.data()), B::from_slice(v.data()));
             B::paged_kv_append(ctx, kp, vp, &pages, 0, &kb, &vb, len, nkv, hd);
         }
         B::sync(ctx);
-        self.blocks.commit_opaque(seq, len);
         Ok(())
     }
 }

@@ -1,10 +1,10 @@
 //! The Llama family (Llama 2/3, SmolLM, Mistral, Qwen2, Qwen3, Gemma 3) as
 //! one model generic over [`Backend`], its variants chosen by configuration.
 //!
-//! Every entry point of [`DecoderOnlyLLM`] runs the same forward pass over a
-//! batch of *segments* (consecutive new tokens of one sequence): the
-//! projections and MLP are single GEMMs over all segments' rows; attention
-//! runs per segment against that sequence's own KV cache.
+//! [`PagedLlm::forward_paged`] runs one forward pass over a batch of items
+//! (consecutive new tokens of one sequence each): the projections and MLP
+//! are single GEMMs over all items' rows; attention runs per item against
+//! the pool blocks of its block table.
 
 mod config;
 mod kv;
@@ -17,17 +17,16 @@ use ferrum_formats::gguf::GgufFile;
 use ferrum_formats::hf_config::HfConfig;
 use ferrum_formats::safetensors::SafeTensors;
 use ferrum_kernels::{AttnConfig, AttnSegment, Backend};
-use ferrum_kv::KvUsage;
-use ferrum_types::{DecodeBackend, FerrumError, Result, TensorRef};
+use ferrum_kv::BlockCopy;
+use ferrum_types::{FerrumError, Result, TensorRef};
 
 pub use config::{Activation, Arch, LlamaConfig};
 use kv::KvStore;
 pub use presets::{preset, PRESETS};
 use weights::{Embedding, Source, Weights};
 
-use crate::llm::{
-    kv_capacity_from_env, DecoderOnlyLLM, KvPoolConfig, LlmRuntimeConfig, LoadProgress,
-};
+use crate::llm::{kv_capacity_from_env, KvPoolConfig, LlmRuntimeConfig, LoadProgress};
+use crate::paged::{check_tokens, BatchItem, KvPool, PagedLlm};
 
 /// Per-sequence KV capacity when `FERRUM_KV_CAPACITY` is not set (clamped to
 /// the model's context length): enough for long chats without reserving a
@@ -169,59 +168,6 @@ impl<B: Backend> Scratch<B> {
     }
 }
 
-/// One sequence's new tokens in a batch.
-#[derive(Clone, Copy)]
-pub struct Segment<'a> {
-    pub cache_id: &'a str,
-    pub tokens: &'a [u32],
-    /// Absolute position of the first token (the cache length before it).
-    pub pos: usize,
-    /// Logits wanted: none, the last token's, or every token's.
-    pub logits: LogitsWanted,
-}
-
-impl<'a> Segment<'a> {
-    const EMPTY: Segment<'static> = Segment {
-        cache_id: "",
-        tokens: &[],
-        pos: 0,
-        logits: LogitsWanted::None,
-    };
-
-    /// An engine item `(cache_id, tokens, pos, is_final_chunk)`: a final
-    /// chunk wants its last token's logits.
-    fn of_item((id, toks, pos, last): &'a (String, Vec<u32>, usize, bool)) -> Self {
-        Segment {
-            cache_id: id,
-            tokens: toks,
-            pos: *pos,
-            logits: if *last {
-                LogitsWanted::Last
-            } else {
-                LogitsWanted::None
-            },
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogitsWanted {
-    None,
-    Last,
-    All,
-}
-
-impl LogitsWanted {
-    /// Logit rows wanted from a segment of `n` tokens (its last ones).
-    fn rows(self, n: usize) -> usize {
-        match self {
-            LogitsWanted::None => 0,
-            LogitsWanted::Last => 1,
-            LogitsWanted::All => n,
-        }
-    }
-}
-
 pub struct LlamaModel<B: Backend> {
     cfg: LlamaConfig,
     rt: LlmRuntimeConfig,
@@ -232,9 +178,6 @@ pub struct LlamaModel<B: Backend> {
     kv: KvStore<B>,
     kv_capacity: usize,
     scratch: Scratch<B>,
-    /// The wanted logits of the last [`LlamaModel::forward`], kept so that
-    /// the next one neither allocates nor zero-fills them again.
-    logits: Vec<f32>,
     /// Passed where an op ignores its norm weight.
     empty: B::Buffer,
 }
@@ -335,7 +278,6 @@ impl<B: Backend> LlamaModel<B> {
             kv,
             kv_capacity,
             scratch: Scratch::new(),
-            logits: Vec::new(),
             empty: B::alloc(0),
         }
     }
@@ -354,90 +296,7 @@ impl<B: Backend> LlamaModel<B> {
         &self.cfg
     }
 
-    /// Runs one forward pass over `segs` and returns, per segment, the
-    /// logits it asked for (`vocab` floats per row, row-major).
-    pub fn forward(&mut self, segs: &[Segment]) -> Result<Vec<Option<Vec<f32>>>> {
-        let mut all = std::mem::take(&mut self.logits);
-        let done = self.forward_into(segs, &mut all);
-        self.logits = all;
-        done?;
-        let all = &self.logits;
-        let vocab = self.cfg.vocab;
-        let mut taken = 0;
-        Ok(segs
-            .iter()
-            .map(|s| {
-                let count = s.logits.rows(s.tokens.len());
-                taken += count;
-                (count > 0).then(|| all[(taken - count) * vocab..taken * vocab].to_vec())
-            })
-            .collect())
-    }
-
-    /// [`LlamaModel::forward`] writing the wanted logits back to back into
-    /// `logits` (resized to exactly them), in segment order. Once the
-    /// scratch buffers have grown to the batch, a step allocates nothing
-    /// (tested), so serving loops that keep `logits` decode without
-    /// touching the heap.
-    ///
-    /// Every segment is validated before anything is written: token ids,
-    /// positions (a segment starting before its cache end rolls the cache
-    /// back to `pos`; after it is an error) and KV capacity.
-    pub fn forward_into(&mut self, segs: &[Segment], logits: &mut Vec<f32>) -> Result<()> {
-        let vocab = self.cfg.vocab;
-        for (i, s) in segs.iter().enumerate() {
-            if s.tokens.is_empty() {
-                return Err(FerrumError::invalid(format!(
-                    "sequence {} has no tokens to process",
-                    s.cache_id
-                )));
-            }
-            if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= vocab) {
-                return Err(FerrumError::invalid(format!(
-                    "token id {bad} is outside the vocabulary of {vocab}"
-                )));
-            }
-            if segs[..i].iter().any(|o| o.cache_id == s.cache_id) {
-                return Err(FerrumError::invalid(format!(
-                    "sequence {} appears twice in one batch",
-                    s.cache_id
-                )));
-            }
-            let len = self.kv.blocks.len(s.cache_id);
-            if s.pos > len {
-                return Err(FerrumError::invalid(format!(
-                    "sequence {} continues at position {} but holds only {len} tokens",
-                    s.cache_id, s.pos
-                )));
-            }
-            if s.pos + s.tokens.len() > self.kv_capacity {
-                return Err(FerrumError::ContextOverflow {
-                    needed: s.pos + s.tokens.len(),
-                    capacity: self.kv_capacity,
-                });
-            }
-        }
-        // A segment that starts inside its cache replaces what follows.
-        for s in segs {
-            self.kv.blocks.truncate(s.cache_id, s.pos);
-        }
-        let wants = segs.iter().map(|s| (s.cache_id, s.pos + s.tokens.len()));
-        let copies = self.kv.blocks.reserve_many(wants)?;
-        if !copies.is_empty() {
-            let ctx = &mut B::new_context();
-            self.kv.copy_blocks(ctx, &copies);
-        }
-        let rows: usize = segs.iter().map(|s| s.tokens.len()).sum();
-        let seg_rows = segs.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
-        self.scratch.ensure(&self.cfg, rows, seg_rows);
-        self.run_layers(segs, rows)?;
-        for s in segs {
-            self.kv.blocks.commit(s.cache_id, s.tokens);
-        }
-        self.logits_into(segs, logits)
-    }
-
-    fn run_layers(&mut self, segs: &[Segment], rows: usize) -> Result<()> {
+    fn run_layers(&mut self, segs: &[BatchItem], rows: usize) -> Result<()> {
         let c = &self.cfg;
         let (h, hd, nh, nkv, im) = (c.hidden, c.head_dim, c.heads, c.kv_heads, c.intermediate);
         let (qd, kvd) = (nh * hd, nkv * hd);
@@ -489,10 +348,7 @@ impl<B: Backend> LlamaModel<B> {
             for (i, seg) in segs.iter().enumerate() {
                 let n = seg.tokens.len();
                 let p = seg.pos;
-                let pages = ferrum_kernels::PagedKv {
-                    block_table: self.kv.blocks.table(seg.cache_id),
-                    block_size: self.kv.blocks.block_size(),
-                };
+                let pages = self.kv.pages(seg.block_table);
                 let (kp, vp) = (&mut self.kv.k[l], &mut self.kv.v[l]);
                 // A lone segment is the whole batch: its rows are read and
                 // written in place rather than copied out and back.
@@ -665,7 +521,7 @@ impl<B: Backend> LlamaModel<B> {
 
     /// Final-normed hidden states (`scratch.xn`) → logits of the wanted
     /// rows, back to back in `logits`.
-    fn logits_into(&mut self, segs: &[Segment], logits: &mut Vec<f32>) -> Result<()> {
+    fn logits_into(&mut self, segs: &[BatchItem], logits: &mut Vec<f32>) -> Result<()> {
         let (h, vocab) = (self.cfg.hidden, self.cfg.vocab);
         let s = &mut self.scratch;
         s.picks.clear();
@@ -706,224 +562,51 @@ impl<B: Backend> LlamaModel<B> {
         }
         Ok(())
     }
-
-    /// Copies `cache_id`'s K/V out: one `(K, V)` pair per layer, each
-    /// `[kv_heads, len, head_dim]`, the hand-off format of
-    /// [`ferrum_types::DecodeBackend::init_kv_cache`].
-    pub fn export_kv(&self, cache_id: &str) -> Result<Vec<(TensorRef, TensorRef)>> {
-        self.kv.export(cache_id)
-    }
-
-    /// Installs K/V exported by [`LlamaModel::export_kv`] (from any model of
-    /// the same shape) as `cache_id`'s cache.
-    pub fn import_kv(
-        &mut self,
-        cache_id: &str,
-        kv: &[(TensorRef, TensorRef)],
-        len: usize,
-    ) -> Result<()> {
-        if len > self.kv_capacity {
-            return Err(FerrumError::ContextOverflow {
-                needed: len,
-                capacity: self.kv_capacity,
-            });
-        }
-        self.kv.import(cache_id, kv, len)
-    }
-
-    /// Like [`DecoderOnlyLLM::prefill`], reporting errors instead of
-    /// panicking.
-    pub fn try_prefill(&mut self, cache_id: &str, tokens: &[u32]) -> Result<Vec<f32>> {
-        let pos = self.kv_len(cache_id);
-        self.single(cache_id, tokens, pos, LogitsWanted::Last)
-    }
-
-    /// Like [`DecoderOnlyLLM::decode`], reporting errors instead of
-    /// panicking.
-    pub fn try_decode(&mut self, cache_id: &str, token: u32, pos: usize) -> Result<Vec<f32>> {
-        self.single(cache_id, &[token], pos, LogitsWanted::Last)
-    }
-
-    fn single(
-        &mut self,
-        cache_id: &str,
-        tokens: &[u32],
-        pos: usize,
-        logits: LogitsWanted,
-    ) -> Result<Vec<f32>> {
-        let seg = Segment {
-            cache_id,
-            tokens,
-            pos,
-            logits,
-        };
-        let mut out = Vec::new();
-        self.forward_into(&[seg], &mut out)?;
-        if out.is_empty() {
-            return Err(FerrumError::invalid("no logits were produced"));
-        }
-        Ok(out)
-    }
 }
 
-/// Panics with the error: the infallible trait methods have no other way to
-/// report it. Engines call `forward`/`try_*` or check capacity first.
-fn or_panic<T>(r: Result<T>) -> T {
-    r.unwrap_or_else(|e| panic!("{e}"))
-}
-
-impl<B: Backend> DecoderOnlyLLM for LlamaModel<B> {
+impl<B: Backend> PagedLlm for LlamaModel<B> {
     fn config(&self) -> &LlmRuntimeConfig {
         &self.rt
-    }
-
-    fn prefill(&mut self, cache_id: &str, tokens: &[u32]) -> Vec<f32> {
-        or_panic(self.try_prefill(cache_id, tokens))
-    }
-
-    fn decode(&mut self, cache_id: &str, token: u32, pos: u32) -> Vec<f32> {
-        or_panic(self.try_decode(cache_id, token, pos as usize))
-    }
-
-    fn release(&mut self, cache_id: &str) {
-        self.kv.blocks.release(cache_id);
-    }
-
-    fn kv_len(&self, cache_id: &str) -> usize {
-        self.kv.blocks.len(cache_id)
-    }
-
-    fn prepare(&mut self, cache_id: &str, max_tokens: usize) {
-        let rows = max_tokens.min(self.kv_capacity);
-        self.scratch.ensure(&self.cfg, rows, rows);
-        self.kv.blocks.reserve_capacity(cache_id, rows);
     }
 
     fn kv_capacity(&self) -> usize {
         self.kv_capacity
     }
 
-    fn decode_batch(&mut self, batch: &[(String, u32, u32)]) -> Vec<Vec<f32>> {
-        let toks: Vec<[u32; 1]> = batch.iter().map(|(_, t, _)| [*t]).collect();
-        let segs: Vec<Segment> = batch
-            .iter()
-            .zip(&toks)
-            .map(|((id, _, pos), t)| Segment {
-                cache_id: id,
-                tokens: t,
-                pos: *pos as usize,
-                logits: LogitsWanted::Last,
-            })
-            .collect();
-        or_panic(self.forward(&segs))
-            .into_iter()
-            .map(Option::unwrap_or_default)
-            .collect()
+    fn kv_pool(&self) -> KvPool {
+        self.kv.pool
     }
 
-    fn forward_verify(&mut self, cache_id: &str, tokens: &[u32]) -> Vec<f32> {
-        let pos = self.kv_len(cache_id);
-        or_panic(self.single(cache_id, tokens, pos, LogitsWanted::All))
-    }
-
-    fn unified_forward(
-        &mut self,
-        items: &[(String, Vec<u32>, usize, bool)],
-    ) -> Result<Vec<Option<Vec<f32>>>> {
-        let segs: Vec<Segment> = items.iter().map(Segment::of_item).collect();
-        self.forward(&segs)
-    }
-
-    fn unified_forward_into(
-        &mut self,
-        items: &[(String, Vec<u32>, usize, bool)],
-        logits: &mut Vec<f32>,
-    ) -> Result<()> {
-        // Segments on the stack for engine-sized batches: no allocation.
-        const STACK: usize = 64;
-        if items.len() > STACK {
-            let segs: Vec<Segment> = items.iter().map(Segment::of_item).collect();
-            return self.forward_into(&segs, logits);
+    fn forward_paged(&mut self, items: &[BatchItem], logits: &mut Vec<f32>) -> Result<()> {
+        for it in items {
+            check_tokens(it.tokens, it.pos, self.cfg.vocab, self.kv_capacity)?;
+            self.kv
+                .check_table(it.block_table, it.pos + it.tokens.len())?;
         }
-        let mut segs = [Segment::EMPTY; STACK];
-        for (s, item) in segs.iter_mut().zip(items) {
-            *s = Segment::of_item(item);
-        }
-        self.forward_into(&segs[..items.len()], logits)
+        let rows: usize = items.iter().map(|s| s.tokens.len()).sum();
+        let seg_rows = items.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
+        self.scratch.ensure(&self.cfg, rows, seg_rows);
+        self.run_layers(items, rows)?;
+        self.logits_into(items, logits)
     }
 
-    fn truncate_kv(&mut self, cache_id: &str, new_len: usize) {
-        self.kv.blocks.truncate(cache_id, new_len);
+    fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {
+        let ctx = &mut B::new_context();
+        self.kv.copy_blocks(ctx, copies)?;
+        B::sync(ctx);
+        Ok(())
     }
 
-    fn reset(&mut self) {
-        self.kv.blocks.clear();
+    fn prepare(&mut self, rows: usize) {
+        let rows = rows.min(self.kv_capacity);
+        self.scratch.ensure(&self.cfg, rows, rows);
     }
 
-    fn kv_usage(&self) -> Option<KvUsage> {
-        Some(self.kv.blocks.usage())
+    fn read_kv(&self, table: &[u32], len: usize) -> Result<Vec<(TensorRef, TensorRef)>> {
+        self.kv.read(table, len)
     }
 
-    fn kv_blocks_needed(&self, cache_id: &str, new_len: usize) -> usize {
-        self.kv.blocks.blocks_needed(cache_id, new_len)
-    }
-
-    fn reuse_prefix(&mut self, cache_id: &str, prompt: &[u32]) -> usize {
-        let max = prompt.len().min(self.kv_capacity);
-        self.kv.blocks.match_prefix(cache_id, &prompt[..max])
-    }
-}
-
-/// A [`DecodeBackend`] over a Llama-family model on any [`Backend`]: the
-/// decode hot path with its own KV caches, fed by a prefill elsewhere.
-pub struct LlamaDecodeBackend<B: Backend> {
-    model: LlamaModel<B>,
-    name: String,
-}
-
-impl<B: Backend> LlamaDecodeBackend<B> {
-    pub fn new(model: LlamaModel<B>, name: impl Into<String>) -> Self {
-        Self {
-            model,
-            name: name.into(),
-        }
-    }
-}
-
-impl<B: Backend> DecodeBackend for LlamaDecodeBackend<B> {
-    fn decode_step(
-        &mut self,
-        token_id: u32,
-        position: usize,
-        cache_key: &str,
-    ) -> Result<TensorRef> {
-        if !self.has_kv_cache(cache_key) {
-            return Err(FerrumError::invalid(format!(
-                "no KV cache for {cache_key}: call init_kv_cache first"
-            )));
-        }
-        let logits = self.model.try_decode(cache_key, token_id, position)?;
-        TensorRef::new(vec![1, 1, logits.len()], logits)
-    }
-
-    fn init_kv_cache(
-        &mut self,
-        cache_key: &str,
-        kv_data: Vec<(TensorRef, TensorRef)>,
-        prefill_len: usize,
-    ) -> Result<()> {
-        self.model.import_kv(cache_key, &kv_data, prefill_len)
-    }
-
-    fn has_kv_cache(&self, cache_key: &str) -> bool {
-        self.model.kv.blocks.contains(cache_key)
-    }
-
-    fn release_kv_cache(&mut self, cache_key: &str) {
-        self.model.release(cache_key);
-    }
-
-    fn name(&self) -> &str {
-        &self.name
+    fn write_kv(&mut self, table: &[u32], kv: &[(TensorRef, TensorRef)], len: usize) -> Result<()> {
+        self.kv.write(table, kv, len)
     }
 }
