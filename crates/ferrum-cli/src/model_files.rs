@@ -5,8 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Result};
 use ferrum_engine::Speculation;
 use ferrum_formats::gguf::GgufFile;
-use ferrum_models::llama::LlamaModel;
-use ferrum_models::PagedLlm;
+use ferrum_models::{registry, PagedLlm};
 use ferrum_models::{KvDtype, KvPoolConfig};
 use ferrum_tokenizer::Tokenizer;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -77,7 +76,7 @@ impl Device {
     }
 }
 
-/// Builds a `LlamaModel` on the backend `device` names.
+/// Runs `$body` with `$B` the backend type `device` names.
 macro_rules! on_device {
     ($device:expr, |$B:ident| $body:expr) => {{
         match $device {
@@ -147,12 +146,8 @@ impl ModelFiles {
             bar.set_position(done as u64);
         };
         let model: Result<Box<dyn PagedLlm>> = on_device!(device, |B| match self {
-            Self::Gguf(g) => Ok(Box::new(LlamaModel::<B>::from_gguf_reporting(
-                g, pool, &progress
-            )?)),
-            Self::HfDir(d) => Ok(Box::new(LlamaModel::<B>::from_hf_dir_reporting(
-                d, pool, &progress
-            )?)),
+            Self::Gguf(g) => Ok(registry::load_gguf::<B>(g, pool, &progress)?),
+            Self::HfDir(d) => Ok(registry::load_hf_dir::<B>(d, pool, &progress)?),
         });
         bar.finish_and_clear();
         release_freed_memory();

@@ -85,6 +85,20 @@ fn rope_from(v: &Value, fallback_theta: f64) -> RopeParams {
     }
 }
 
+/// Only the `model_type` of the `config.json` at `path`: enough to pick a
+/// model family before that family reads the fields it needs.
+pub fn read_model_type(path: impl AsRef<Path>) -> Result<String> {
+    #[derive(Deserialize)]
+    struct Kind {
+        model_type: String,
+    }
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path).map_err(|e| FerrumError::io(path, e))?;
+    serde_json::from_str::<Kind>(&text)
+        .map(|k| k.model_type)
+        .map_err(|e| FerrumError::bad_file(path, format!("invalid config.json: {e}")))
+}
+
 impl HfConfig {
     /// Reads and parses `path`.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {

@@ -293,6 +293,20 @@ pub struct AttnSegment<'a> {
     pub pos_offset: usize,
 }
 
+/// What [`Backend::qk_norm_rope`] does to each head on its way from
+/// token-major to head-major.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+pub enum QkMode {
+    /// Only the transpose (V).
+    Transpose = 0,
+    /// Per-head RMS norm with weight `norm_w[head_dim]`, then RoPE (Q/K of
+    /// models with QK-norm such as Qwen3 and Gemma 3).
+    NormRope = 1,
+    /// RoPE only (Q/K of Llama, Mistral, Qwen2).
+    Rope = 2,
+}
+
 /// The device abstraction: buffers, an execution context and every op a
 /// model needs.
 ///
@@ -622,11 +636,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Prepares Q, K or V for attention: token-major `[tokens, heads,
     /// head_dim]` in, head-major `[heads, tokens, head_dim]` out.
     ///
-    /// `mode` 0 only transposes (V); 1 applies a per-head RMS norm with
-    /// weight `norm_w[head_dim]`, then RoPE (Q/K of models with QK-norm such
-    /// as Qwen3 and Gemma 3); 2 applies RoPE only (Llama, Mistral, Qwen2).
-    /// Token `i` is at position `pos_offset + i`. `norm_w` and `eps` are
-    /// ignored unless `mode == 1`, `cos`/`sin` when `mode == 0`.
+    /// `mode` says what happens on the way (see [`QkMode`]). Token `i` is
+    /// at position `pos_offset + i`. `norm_w` and `eps` are ignored unless
+    /// the mode is [`QkMode::NormRope`], `cos`/`sin` when it is
+    /// [`QkMode::Transpose`]. (The seed passes the mode as an `i32`; an
+    /// enum makes an unknown mode unrepresentable.)
     #[allow(clippy::too_many_arguments)]
     fn qk_norm_rope(
         ctx: &mut Self::Context,
@@ -640,7 +654,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         head_dim: usize,
         pos_offset: usize,
         eps: f32,
-        mode: i32,
+        mode: QkMode,
     );
 
     /// Writes `new_tokens` head-major K/V rows (`[nkv, new_tokens, hd]`, as

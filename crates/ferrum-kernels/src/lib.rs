@@ -13,7 +13,7 @@ pub mod quant;
 
 pub use backend::{
     pack_bytes, packed_bytes, AttnConfig, AttnSegment, Backend, GgufQuantType, KvCache, KvDtype,
-    PagedKv, QuantKind, QuantWeights, ReduceOp,
+    PagedKv, QkMode, QuantKind, QuantWeights, ReduceOp,
 };
 pub use cpu::{CpuBackend, CpuBuffer, CpuGptqWeight};
 #[cfg(feature = "cuda")]

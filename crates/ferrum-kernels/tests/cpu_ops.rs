@@ -13,7 +13,7 @@
 
 use ferrum_kernels::{
     copy_append, gather_attention, AttnConfig, AttnSegment, Backend, CpuBackend, KvCache, KvDtype,
-    PagedKv, QuantKind, QuantWeights, ReduceOp,
+    PagedKv, QkMode, QuantKind, QuantWeights, ReduceOp,
 };
 use half::f16;
 use proptest::prelude::*;
@@ -682,20 +682,20 @@ fn qk_norm_rope_all_modes() {
         let x = rand_vec(&mut rng, tokens * heads * hd);
         let nw = rand_vec(&mut rng, hd);
         let half = hd / 2;
-        for mode in 0..3 {
+        for mode in [QkMode::Transpose, QkMode::NormRope, QkMode::Rope] {
             let mut want = vec![0f64; tokens * heads * hd];
             for t in 0..tokens {
                 for h in 0..heads {
                     let src = &x[(t * heads + h) * hd..][..hd];
                     let mut r: Vec<f64> = src.iter().map(|&v| v as f64).collect();
-                    if mode == 1 {
+                    if mode == QkMode::NormRope {
                         let ms = r.iter().map(|v| v * v).sum::<f64>() / hd as f64;
                         let inv = 1.0 / (ms + 1e-6).sqrt();
                         for (d, v) in r.iter_mut().enumerate() {
                             *v *= inv * nw[d] as f64;
                         }
                     }
-                    if mode != 0 {
+                    if mode != QkMode::Transpose {
                         let p = pos_offset + t;
                         let rot: Vec<f64> = (0..hd)
                             .map(|d| {
@@ -731,7 +731,7 @@ fn qk_norm_rope_all_modes() {
                 1e-6,
                 mode,
             );
-            assert_close(&format!("qk_norm_rope mode {mode}"), &out, &want, |i| {
+            assert_close(&format!("qk_norm_rope {mode:?}"), &out, &want, |i| {
                 2e-6 * (1.0 + want[i].abs())
             });
         }
@@ -758,7 +758,7 @@ fn layout_ops_move_the_right_elements() {
         dim,
         0,
         0.0,
-        0,
+        QkMode::Transpose,
     );
     for t in 0..tokens {
         for h in 0..heads {

@@ -10,8 +10,8 @@
 
 use ferrum_kernels::quant::{dequantize, random_blocks};
 use ferrum_kernels::{
-    pack_bytes, AttnConfig, Backend, CpuBackend as C, CudaBackend as G, GgufQuantType, QuantKind,
-    QuantWeights,
+    pack_bytes, AttnConfig, Backend, CpuBackend as C, CudaBackend as G, GgufQuantType, QkMode,
+    QuantKind, QuantWeights,
 };
 use ferrum_types::GgmlType;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -269,7 +269,7 @@ fn elementwise_and_layout_ops() {
         (up(&cos), up(&sin), up(&nw), up(&inp));
     let len = t * heads * hd;
     let (mut ch, mut gh) = (C::alloc(len), G::alloc(len));
-    for mode in 0..3 {
+    for mode in [QkMode::Transpose, QkMode::NormRope, QkMode::Rope] {
         C::qk_norm_rope(
             &mut (),
             &ci,
@@ -287,7 +287,7 @@ fn elementwise_and_layout_ops() {
         G::qk_norm_rope(
             ctx, &gi, &gnw, &gcos, &gsin, &mut gh, t, heads, hd, pos, 1e-6, mode,
         );
-        check(&format!("qk_norm_rope mode {mode}"), &gh, &ch, len);
+        check(&format!("qk_norm_rope {mode:?}"), &gh, &ch, len);
     }
     let (mut ct, mut gt) = (C::alloc(len), G::alloc(len));
     C::transpose_head_to_token(&mut (), &ch, &mut ct, t, heads, hd);

@@ -7,6 +7,7 @@ pub mod llama;
 mod llm;
 mod managed;
 mod paged;
+pub mod registry;
 pub mod rope;
 
 pub use ferrum_kernels::KvDtype;

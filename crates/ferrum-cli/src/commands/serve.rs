@@ -8,6 +8,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use ferrum_engine::{Embedder, EngineConfig};
 use ferrum_kernels::CpuBackend;
+use ferrum_models::registry::{self, Family};
 use ferrum_server::{LoadedModel, ServeConfig};
 
 use crate::model_files::{resolve, Device, KvArgs, ModelFiles, SpecArgs, DEFAULT_MODEL};
@@ -85,18 +86,6 @@ pub struct ServeArgs {
     spec: SpecArgs,
 }
 
-fn is_encoder(dir: &Path) -> bool {
-    std::fs::read_to_string(dir.join("config.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| {
-            v.get("model_type")
-                .and_then(|m| m.as_str())
-                .map(|m| m == "bert")
-        })
-        .unwrap_or(false)
-}
-
 pub fn run(args: ServeArgs) -> Result<()> {
     let path = resolve(&args.model)?;
     let cfg = ServeConfig {
@@ -126,7 +115,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let pool = args.kv.pool();
     let loader = Box::new(move || -> Result<LoadedModel, String> {
         let load = || -> Result<LoadedModel> {
-            if path.is_dir() && is_encoder(&path) {
+            if path.is_dir() && matches!(registry::hf_family(&path), Ok(Family::Bert)) {
                 return Ok(LoadedModel::Embedding(Embedder::<CpuBackend>::load(&path)?));
             }
             let files = ModelFiles::open(&path)?;

@@ -43,8 +43,8 @@ use simd::Elem;
 pub use gptq::CpuGptqWeight;
 
 use crate::{
-    packed_bytes, AttnConfig, AttnSegment, Backend, GgufQuantType, KvDtype, PagedKv, QuantKind,
-    QuantWeights,
+    packed_bytes, AttnConfig, AttnSegment, Backend, GgufQuantType, KvDtype, PagedKv, QkMode,
+    QuantKind, QuantWeights,
 };
 
 /// Element-wise work below this many values stays on the calling thread:
@@ -478,7 +478,7 @@ impl Backend for CpuBackend {
         head_dim: usize,
         pos_offset: usize,
         eps: f32,
-        mode: i32,
+        mode: QkMode,
     ) {
         rope::qk_norm_rope(
             input, norm_w, cos, sin, output, tokens, heads, head_dim, pos_offset, eps, mode,

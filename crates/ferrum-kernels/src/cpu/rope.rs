@@ -4,14 +4,7 @@
 use rayon::prelude::*;
 
 use super::{simd, PAR_MIN_ELEMS};
-
-/// The three `mode`s of `Backend::qk_norm_rope`.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Transpose,
-    NormRope,
-    Rope,
-}
+use crate::QkMode as Mode;
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn qk_norm_rope(
@@ -25,14 +18,8 @@ pub(crate) fn qk_norm_rope(
     hd: usize,
     pos_offset: usize,
     eps: f32,
-    mode: i32,
+    mode: Mode,
 ) {
-    let mode = match mode {
-        0 => Mode::Transpose,
-        1 => Mode::NormRope,
-        2 => Mode::Rope,
-        other => panic!("qk_norm_rope: unknown mode {other} (expected 0, 1 or 2)"),
-    };
     let half = hd / 2;
     let n = tokens * heads * hd;
     let input = &input[..n];

@@ -18,7 +18,7 @@ use cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
 use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use ferrum_types::{FerrumError, Result};
 
-use crate::backend::{AttnConfig, Backend, GgufQuantType, QuantKind, QuantWeights};
+use crate::backend::{AttnConfig, Backend, GgufQuantType, QkMode, QuantKind, QuantWeights};
 
 /// `Backend` on an NVIDIA GPU.
 pub struct CudaBackend;
@@ -438,12 +438,8 @@ impl Backend for CudaBackend {
         head_dim: usize,
         pos_offset: usize,
         eps: f32,
-        mode: i32,
+        mode: QkMode,
     ) {
-        assert!(
-            (0..=2).contains(&mode),
-            "qk_norm_rope: unknown mode {mode} (expected 0, 1 or 2)"
-        );
         let threads = (head_dim / 2).div_ceil(32).clamp(1, 32) as u32 * 32;
         launch!(
             ctx,
@@ -459,7 +455,7 @@ impl Backend for CudaBackend {
             &i(head_dim),
             &i(pos_offset),
             &eps,
-            &mode
+            &(mode as i32)
         );
     }
 

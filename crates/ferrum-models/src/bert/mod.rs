@@ -13,7 +13,7 @@ use std::path::Path;
 
 use ferrum_formats::hf_config::HfConfig;
 use ferrum_formats::safetensors::SafeTensors;
-use ferrum_kernels::{AttnConfig, Backend};
+use ferrum_kernels::{AttnConfig, Backend, QkMode};
 use ferrum_types::{FerrumError, Result};
 
 pub use config::BertConfig;
@@ -153,9 +153,10 @@ impl<B: Backend> BertModel<B> {
                 B::copy_slice(ctx, &k, r0 * h, &mut sk, 0, n * h);
                 B::copy_slice(ctx, &v, r0 * h, &mut sv, 0, n * h);
                 // Mode 0: token-major -> head-major, no norm, no RoPE.
-                B::qk_norm_rope(ctx, &sq, e, e, e, &mut hq, n, nh, hd, 0, 0.0, 0);
-                B::qk_norm_rope(ctx, &sk, e, e, e, &mut hk, n, nh, hd, 0, 0.0, 0);
-                B::qk_norm_rope(ctx, &sv, e, e, e, &mut hv, n, nh, hd, 0, 0.0, 0);
+                let t = QkMode::Transpose;
+                B::qk_norm_rope(ctx, &sq, e, e, e, &mut hq, n, nh, hd, 0, 0.0, t);
+                B::qk_norm_rope(ctx, &sk, e, e, e, &mut hk, n, nh, hd, 0, 0.0, t);
+                B::qk_norm_rope(ctx, &sv, e, e, e, &mut hv, n, nh, hd, 0, 0.0, t);
                 B::flash_attention(ctx, &hq, &hk, &hv, &mut ho, 1, n, n, 0, &acfg);
                 B::transpose_head_to_token(ctx, &ho, &mut sq, n, nh, hd);
                 B::copy_slice(ctx, &sq, 0, &mut attn, r0 * h, n * h);

@@ -5,9 +5,11 @@ use ferrum_formats::gguf::GgufFile;
 use ferrum_formats::hf_config::HfConfig;
 use ferrum_types::{FerrumError, Result};
 
+use crate::registry::llama_arch;
 use crate::rope::{RopeScaling, RopeSpec};
 
-/// The decoder-only architectures this model family covers.
+/// The decoder-only architectures this model family covers (their names
+/// are in [`crate::registry::ARCHITECTURES`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
     Llama,
@@ -85,18 +87,7 @@ impl LlamaConfig {
 
     /// From a Hugging Face config; `model_type` selects the variant.
     pub fn from_hf(c: &HfConfig) -> Result<Self> {
-        let arch = match c.model_type.as_str() {
-            "llama" => Arch::Llama,
-            "mistral" => Arch::Mistral,
-            "qwen2" => Arch::Qwen2,
-            "qwen3" => Arch::Qwen3,
-            "gemma3" | "gemma3_text" => Arch::Gemma3,
-            other => {
-                return Err(FerrumError::unsupported(format!(
-                    "architecture '{other}' is not supported (llama, mistral, qwen2, qwen3, gemma3)"
-                )))
-            }
-        };
+        let arch = llama_arch(&c.model_type)?;
         let head_dim = c.head_dim();
         let max_seq_len = c.max_position_embeddings.unwrap_or(4096);
         let rope_of = |t: Option<&str>| RopeSpec::from_hf(&c.rope(t), max_seq_len).map_err(bad);
@@ -149,18 +140,7 @@ impl LlamaConfig {
     /// From GGUF metadata (`{arch}.*` keys, named as llama.cpp writes them).
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let name = g.architecture()?.to_string();
-        let arch = match name.as_str() {
-            "llama" => Arch::Llama,
-            "mistral" => Arch::Mistral,
-            "qwen2" => Arch::Qwen2,
-            "qwen3" => Arch::Qwen3,
-            "gemma3" => Arch::Gemma3,
-            other => {
-                return Err(g.error(format!(
-                    "architecture '{other}' is not supported (llama, mistral, qwen2, qwen3, gemma3)"
-                )))
-            }
-        };
+        let arch = llama_arch(&name).map_err(|e| g.error(e.to_string()))?;
         let key = |k: &str| format!("{name}.{k}");
         let u = |k: &str| g.get_u64(&key(k)).map(|v| v as usize);
         let hidden = u("embedding_length")?;

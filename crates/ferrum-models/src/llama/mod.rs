@@ -16,7 +16,7 @@ use std::path::Path;
 use ferrum_formats::gguf::GgufFile;
 use ferrum_formats::hf_config::HfConfig;
 use ferrum_formats::safetensors::SafeTensors;
-use ferrum_kernels::{AttnConfig, AttnSegment, Backend};
+use ferrum_kernels::{AttnConfig, AttnSegment, Backend, QkMode};
 use ferrum_kv::BlockCopy;
 use ferrum_types::{FerrumError, Result, TensorRef};
 
@@ -297,13 +297,9 @@ impl<B: Backend> LlamaModel<B> {
     }
 
     fn run_layers(&mut self, segs: &[BatchItem], rows: usize) -> Result<()> {
-        let c = &self.cfg;
-        let (h, hd, nh, nkv, im) = (c.hidden, c.head_dim, c.heads, c.kv_heads, c.intermediate);
-        let (qd, kvd) = (nh * hd, nkv * hd);
-        let eps = c.rms_eps;
-        let s = &mut self.scratch;
+        let (h, eps) = (self.cfg.hidden, self.cfg.rms_eps);
         let ctx = &mut B::new_context();
-
+        let s = &mut self.scratch;
         s.ids.clear();
         s.ids
             .extend(segs.iter().flat_map(|s| s.tokens.iter().copied()));
@@ -317,205 +313,232 @@ impl<B: Backend> LlamaModel<B> {
             rows,
             h,
         );
+        for l in 0..self.cfg.layers {
+            self.attention(ctx, l, segs, rows)?;
+            self.mlp(ctx, l, rows)?;
+        }
+        B::sync(ctx);
+        Ok(())
+    }
 
-        let mode = if c.qk_norm { 1 } else { 2 };
-        for (l, lw) in self.w.layers.iter().enumerate() {
-            // Attention.
-            let qkv = [&mut s.q, &mut s.k, &mut s.v];
-            lw.qkv
-                .forward(ctx, &s.xn, &mut s.qkv, qkv, rows, qd, kvd, h)?;
-            let sliding = c.sliding[l];
-            let (cos, sin) = match (&self.local_rope, sliding) {
-                (Some((lc, ls)), true) => (lc, ls),
-                _ => (&self.cos, &self.sin),
+    /// Layer `l`'s attention block on the normed stream `scratch.xn`: QKV
+    /// projection; per item, QK norm and RoPE, K/V written into its blocks
+    /// and attention over them; output projection and the residual into
+    /// `scratch.x`, leaving the pre-MLP norm of it in `scratch.xn`.
+    fn attention(
+        &mut self,
+        ctx: &mut B::Context,
+        l: usize,
+        segs: &[BatchItem],
+        rows: usize,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let (h, hd, nh, nkv) = (c.hidden, c.head_dim, c.heads, c.kv_heads);
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let eps = c.rms_eps;
+        let (s, kv, lw) = (&mut self.scratch, &mut self.kv, &self.w.layers[l]);
+        let (cos_g, sin_g, local_rope, empty) =
+            (&self.cos, &self.sin, &self.local_rope, &self.empty);
+        let mode = if c.qk_norm {
+            QkMode::NormRope
+        } else {
+            QkMode::Rope
+        };
+        // Attention.
+        let qkv = [&mut s.q, &mut s.k, &mut s.v];
+        lw.qkv
+            .forward(ctx, &s.xn, &mut s.qkv, qkv, rows, qd, kvd, h)?;
+        let sliding = c.sliding[l];
+        let (cos, sin) = match (&local_rope, sliding) {
+            (Some((lc, ls)), true) => (lc, ls),
+            _ => (cos_g, sin_g),
+        };
+        let attn_cfg = AttnConfig {
+            num_heads: nh,
+            num_kv_heads: nkv,
+            head_dim: hd,
+            causal: true,
+            scale: c.attn_scale,
+            kv_seq_stride: 0,
+            sliding_window: if sliding { c.sliding_window } else { 0 },
+        };
+        // Several sequences' attention goes to the backend in one call
+        // where it has a kernel for that (chunks of ATTN_CHUNK on the
+        // stack: no allocation).
+        let batched = B::SEGMENTED_ATTENTION && segs.len() > 1;
+        let mut chunk = [NO_SEGMENT; ATTN_CHUNK];
+        let mut filled = 0;
+        let mut r0 = 0;
+        for (i, seg) in segs.iter().enumerate() {
+            let n = seg.tokens.len();
+            let p = seg.pos;
+            let pages = kv.pages(seg.block_table);
+            let (kp, vp) = (&mut kv.k[l], &mut kv.v[l]);
+            // A lone segment is the whole batch: its rows are read and
+            // written in place rather than copied out and back.
+            let direct = segs.len() == 1;
+            if !direct {
+                B::copy_slice(ctx, &s.q, r0 * qd, &mut s.seg_q, 0, n * qd);
+                B::copy_slice(ctx, &s.k, r0 * kvd, &mut s.seg_k, 0, n * kvd);
+                B::copy_slice(ctx, &s.v, r0 * kvd, &mut s.seg_v, 0, n * kvd);
+            }
+            let (q_in, k_in, v_in) = if direct {
+                (&s.q, &s.k, &s.v)
+            } else {
+                (&s.seg_q, &s.seg_k, &s.seg_v)
             };
-            let attn_cfg = AttnConfig {
-                num_heads: nh,
-                num_kv_heads: nkv,
-                head_dim: hd,
-                causal: true,
-                scale: c.attn_scale,
-                kv_seq_stride: 0,
-                sliding_window: if sliding { c.sliding_window } else { 0 },
-            };
-            // Several sequences' attention goes to the backend in one call
-            // where it has a kernel for that (chunks of ATTN_CHUNK on the
-            // stack: no allocation).
-            let batched = B::SEGMENTED_ATTENTION && segs.len() > 1;
-            let mut chunk = [NO_SEGMENT; ATTN_CHUNK];
-            let mut filled = 0;
-            let mut r0 = 0;
-            for (i, seg) in segs.iter().enumerate() {
-                let n = seg.tokens.len();
-                let p = seg.pos;
-                let pages = self.kv.pages(seg.block_table);
-                let (kp, vp) = (&mut self.kv.k[l], &mut self.kv.v[l]);
-                // A lone segment is the whole batch: its rows are read and
-                // written in place rather than copied out and back.
-                let direct = segs.len() == 1;
-                if !direct {
-                    B::copy_slice(ctx, &s.q, r0 * qd, &mut s.seg_q, 0, n * qd);
-                    B::copy_slice(ctx, &s.k, r0 * kvd, &mut s.seg_k, 0, n * kvd);
-                    B::copy_slice(ctx, &s.v, r0 * kvd, &mut s.seg_v, 0, n * kvd);
-                }
-                let (q_in, k_in, v_in) = if direct {
-                    (&s.q, &s.k, &s.v)
-                } else {
-                    (&s.seg_q, &s.seg_k, &s.seg_v)
+            let qn = lw.q_norm.as_ref().unwrap_or(empty);
+            let kn = lw.k_norm.as_ref().unwrap_or(empty);
+            B::qk_norm_rope(
+                ctx,
+                q_in,
+                qn,
+                cos,
+                sin,
+                &mut s.seg_qh,
+                n,
+                nh,
+                hd,
+                p,
+                eps,
+                mode,
+            );
+            B::qk_norm_rope(
+                ctx,
+                k_in,
+                kn,
+                cos,
+                sin,
+                &mut s.seg_kh,
+                n,
+                nkv,
+                hd,
+                p,
+                eps,
+                mode,
+            );
+            B::qk_norm_rope(
+                ctx,
+                v_in,
+                empty,
+                cos,
+                sin,
+                &mut s.seg_vh,
+                n,
+                nkv,
+                hd,
+                p,
+                eps,
+                QkMode::Transpose,
+            );
+            B::paged_kv_append(ctx, kp, vp, &pages, p, &s.seg_kh, &s.seg_vh, n, nkv, hd);
+            if batched {
+                B::copy_slice(ctx, &s.seg_qh, 0, &mut s.heads_q, r0 * qd, n * qd);
+                chunk[filled] = AttnSegment {
+                    pages,
+                    offset: r0 * qd,
+                    q_len: n,
+                    kv_len: p + n,
+                    pos_offset: p,
                 };
-                let qn = lw.q_norm.as_ref().unwrap_or(&self.empty);
-                let kn = lw.k_norm.as_ref().unwrap_or(&self.empty);
-                B::qk_norm_rope(
-                    ctx,
-                    q_in,
-                    qn,
-                    cos,
-                    sin,
-                    &mut s.seg_qh,
-                    n,
-                    nh,
-                    hd,
-                    p,
-                    eps,
-                    mode,
-                );
-                B::qk_norm_rope(
-                    ctx,
-                    k_in,
-                    kn,
-                    cos,
-                    sin,
-                    &mut s.seg_kh,
-                    n,
-                    nkv,
-                    hd,
-                    p,
-                    eps,
-                    mode,
-                );
-                B::qk_norm_rope(
-                    ctx,
-                    v_in,
-                    &self.empty,
-                    cos,
-                    sin,
-                    &mut s.seg_vh,
-                    n,
-                    nkv,
-                    hd,
-                    p,
-                    eps,
-                    0,
-                );
-                B::paged_kv_append(ctx, kp, vp, &pages, p, &s.seg_kh, &s.seg_vh, n, nkv, hd);
-                if batched {
-                    B::copy_slice(ctx, &s.seg_qh, 0, &mut s.heads_q, r0 * qd, n * qd);
-                    chunk[filled] = AttnSegment {
-                        pages,
-                        offset: r0 * qd,
-                        q_len: n,
-                        kv_len: p + n,
-                        pos_offset: p,
-                    };
-                    filled += 1;
-                    if filled == ATTN_CHUNK || i + 1 == segs.len() {
-                        let (kp, vp) = (&self.kv.k[l], &self.kv.v[l]);
-                        B::paged_attention_segments(
-                            ctx,
-                            &s.heads_q,
-                            kp,
-                            vp,
-                            &chunk[..filled],
-                            &mut s.heads_out,
-                            &attn_cfg,
-                        );
-                        filled = 0;
-                    }
-                    r0 += n;
-                    continue;
+                filled += 1;
+                if filled == ATTN_CHUNK || i + 1 == segs.len() {
+                    let (kp, vp) = (&kv.k[l], &kv.v[l]);
+                    B::paged_attention_segments(
+                        ctx,
+                        &s.heads_q,
+                        kp,
+                        vp,
+                        &chunk[..filled],
+                        &mut s.heads_out,
+                        &attn_cfg,
+                    );
+                    filled = 0;
                 }
-                B::paged_attention(
-                    ctx,
-                    &s.seg_qh,
-                    kp,
-                    vp,
-                    &pages,
-                    &mut s.seg_attn,
-                    n,
-                    p + n,
-                    p,
-                    &attn_cfg,
-                );
-                if direct {
-                    B::transpose_head_to_token(ctx, &s.seg_attn, &mut s.attn, n, nh, hd);
+                r0 += n;
+                continue;
+            }
+            B::paged_attention(
+                ctx,
+                &s.seg_qh,
+                kp,
+                vp,
+                &pages,
+                &mut s.seg_attn,
+                n,
+                p + n,
+                p,
+                &attn_cfg,
+            );
+            if direct {
+                B::transpose_head_to_token(ctx, &s.seg_attn, &mut s.attn, n, nh, hd);
+            } else {
+                B::transpose_head_to_token(ctx, &s.seg_attn, &mut s.seg_tok, n, nh, hd);
+                B::copy_slice(ctx, &s.seg_tok, 0, &mut s.attn, r0 * qd, n * qd);
+            }
+            r0 += n;
+        }
+        if batched {
+            // Head-major back to token-major rows; one query's heads
+            // already are its row.
+            let mut r0 = 0;
+            for seg in segs {
+                let n = seg.tokens.len();
+                if n == 1 {
+                    B::copy_slice(ctx, &s.heads_out, r0 * qd, &mut s.attn, r0 * qd, qd);
                 } else {
+                    B::copy_slice(ctx, &s.heads_out, r0 * qd, &mut s.seg_attn, 0, n * qd);
                     B::transpose_head_to_token(ctx, &s.seg_attn, &mut s.seg_tok, n, nh, hd);
                     B::copy_slice(ctx, &s.seg_tok, 0, &mut s.attn, r0 * qd, n * qd);
                 }
                 r0 += n;
             }
-            if batched {
-                // Head-major back to token-major rows; one query's heads
-                // already are its row.
-                let mut r0 = 0;
-                for seg in segs {
-                    let n = seg.tokens.len();
-                    if n == 1 {
-                        B::copy_slice(ctx, &s.heads_out, r0 * qd, &mut s.attn, r0 * qd, qd);
-                    } else {
-                        B::copy_slice(ctx, &s.heads_out, r0 * qd, &mut s.seg_attn, 0, n * qd);
-                        B::transpose_head_to_token(ctx, &s.seg_attn, &mut s.seg_tok, n, nh, hd);
-                        B::copy_slice(ctx, &s.seg_tok, 0, &mut s.attn, r0 * qd, n * qd);
-                    }
-                    r0 += n;
-                }
+        }
+        lw.o.forward(ctx, &s.attn, &mut s.o, rows, h, qd)?;
+        // Residual + pre-MLP norm.
+        match &lw.post_attn_norm {
+            Some(post) => {
+                B::rms_norm(ctx, &s.o, post, eps, &mut s.xn, rows, h);
+                B::add_inplace(ctx, &mut s.x, &s.xn, rows * h);
+                B::rms_norm(ctx, &s.x, &lw.ffn_norm, eps, &mut s.xn, rows, h);
             }
-            lw.o.forward(ctx, &s.attn, &mut s.o, rows, h, qd)?;
-            // Residual + pre-MLP norm.
-            match &lw.post_attn_norm {
-                Some(post) => {
-                    B::rms_norm(ctx, &s.o, post, eps, &mut s.xn, rows, h);
-                    B::add_inplace(ctx, &mut s.x, &s.xn, rows * h);
-                    B::rms_norm(ctx, &s.x, &lw.ffn_norm, eps, &mut s.xn, rows, h);
-                }
-                None => B::fused_add_rms_norm(
-                    ctx,
-                    &mut s.x,
-                    &s.o,
-                    &lw.ffn_norm,
-                    eps,
-                    &mut s.xn,
-                    rows,
-                    h,
-                ),
-            }
-            // MLP.
-            lw.gate_up
-                .forward(ctx, &s.xn, &mut s.gate_up, rows, 2 * im, h)?;
-            match c.act {
-                Activation::Silu => B::fused_silu_mul_split(ctx, &s.gate_up, &mut s.act, rows, im),
-                Activation::GeluTanh => {
-                    B::fused_gelu_tanh_mul_split(ctx, &s.gate_up, &mut s.act, rows, im)
-                }
-            }
-            lw.down.forward(ctx, &s.act, &mut s.o, rows, h, im)?;
-            // Residual + the next layer's (or the final) norm.
-            let next_norm = match self.w.layers.get(l + 1) {
-                Some(next) => &next.attn_norm,
-                None => &self.w.final_norm,
-            };
-            match &lw.post_ffn_norm {
-                Some(post) => {
-                    B::rms_norm(ctx, &s.o, post, eps, &mut s.xn, rows, h);
-                    B::add_inplace(ctx, &mut s.x, &s.xn, rows * h);
-                    B::rms_norm(ctx, &s.x, next_norm, eps, &mut s.xn, rows, h);
-                }
-                None => {
-                    B::fused_add_rms_norm(ctx, &mut s.x, &s.o, next_norm, eps, &mut s.xn, rows, h)
-                }
+            None => {
+                B::fused_add_rms_norm(ctx, &mut s.x, &s.o, &lw.ffn_norm, eps, &mut s.xn, rows, h)
             }
         }
-        B::sync(ctx);
+        Ok(())
+    }
+
+    /// Layer `l`'s gated MLP on `scratch.xn` and the residual into
+    /// `scratch.x`, leaving the next layer's (or the final) norm of it in
+    /// `scratch.xn`. A mixture-of-experts block would take its place.
+    fn mlp(&mut self, ctx: &mut B::Context, l: usize, rows: usize) -> Result<()> {
+        let c = &self.cfg;
+        let (h, im, eps) = (c.hidden, c.intermediate, c.rms_eps);
+        let (s, w) = (&mut self.scratch, &self.w);
+        let lw = &w.layers[l];
+        lw.gate_up
+            .forward(ctx, &s.xn, &mut s.gate_up, rows, 2 * im, h)?;
+        match c.act {
+            Activation::Silu => B::fused_silu_mul_split(ctx, &s.gate_up, &mut s.act, rows, im),
+            Activation::GeluTanh => {
+                B::fused_gelu_tanh_mul_split(ctx, &s.gate_up, &mut s.act, rows, im)
+            }
+        }
+        lw.down.forward(ctx, &s.act, &mut s.o, rows, h, im)?;
+        // Residual + the next layer's (or the final) norm.
+        let next_norm = match w.layers.get(l + 1) {
+            Some(next) => &next.attn_norm,
+            None => &w.final_norm,
+        };
+        match &lw.post_ffn_norm {
+            Some(post) => {
+                B::rms_norm(ctx, &s.o, post, eps, &mut s.xn, rows, h);
+                B::add_inplace(ctx, &mut s.x, &s.xn, rows * h);
+                B::rms_norm(ctx, &s.x, next_norm, eps, &mut s.xn, rows, h);
+            }
+            None => B::fused_add_rms_norm(ctx, &mut s.x, &s.o, next_norm, eps, &mut s.xn, rows, h),
+        }
         Ok(())
     }
 
