@@ -190,7 +190,7 @@ fn quantize_row(
 ) {
     let groups = x.len() / group;
     #[cfg(target_arch = "x86_64")]
-    if super::simd::has_avx2() {
+    if super::features::has_avx2() {
         // SAFETY: AVX2 and FMA were detected; the slices hold `groups` groups.
         unsafe { x86::quantize(x, group, qs, &mut d[..groups]) };
     } else {
@@ -336,7 +336,7 @@ mod tests {
     /// The vector quantizer writes exactly the scalar reference's values.
     #[test]
     fn vector_quantizer_matches_the_reference() {
-        if !super::super::simd::has_avx2() {
+        if !super::super::features::has_avx2() {
             return;
         }
         let mut rng = StdRng::seed_from_u64(3);
@@ -385,7 +385,7 @@ mod tests {
     /// rows with planted spikes of either side of the threshold.
     #[test]
     fn quantize8_matches_its_statement() {
-        if !super::super::simd::has_avx2() {
+        if !super::super::features::has_avx2() {
             return;
         }
         let mut rng = StdRng::seed_from_u64(4);

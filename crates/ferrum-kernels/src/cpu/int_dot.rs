@@ -15,11 +15,10 @@
 use ferrum_types::GgmlType;
 
 use super::act_quant::{ActRows, SUM_GROUP};
-use super::simd;
 
 /// Whether [`dot_rows`] handles `ty` on this CPU.
 pub(crate) fn supports(ty: GgmlType) -> bool {
-    has_avx2_f16c() && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+    has_avx2() && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
 }
 
 /// Values per activation scale of these kernels: a k-quant super-block.
@@ -41,32 +40,7 @@ pub(crate) fn order_activations(act: &mut ActRows, m: usize) {
     }
 }
 
-/// Whether the CPU has what every integer kernel needs: AVX2, FMA, F16C.
-pub(crate) fn has_avx2_f16c() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        simd::has_avx2() && std::arch::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// Whether the CPU has 256-bit `VPDPWSSD` (AVX-512 VNNI with VL) and the
-/// AVX-512BW lane masks the kernels pair with it.
-pub(crate) fn has_vnni() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512vnni")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
+use super::features::{has_avx2, has_vnni};
 
 /// `dots[j][c] = act[r0 + c] · dequant(row j)` for the consecutive weight
 /// rows in `rows` (one per element of `dots`) and `m ≤ 8` activation rows.

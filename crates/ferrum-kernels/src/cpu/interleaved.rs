@@ -72,13 +72,13 @@ const ACT_ROWS: usize = 8;
 /// Whether weights of type `ty` are interleaved (and computed by this
 /// module's kernels) on this CPU.
 pub(crate) fn supports(ty: GgmlType) -> bool {
-    legacy(ty) && super::int_dot::has_avx2_f16c()
+    legacy(ty) && super::features::has_avx2()
 }
 
 /// Whether `ty` may take 8-bit activations ([`ActRows::quantize8`]): Q4_1,
 /// on AVX2 without VNNI (see `quant_gemm::gemm_gguf`).
 pub(crate) fn takes_act8(ty: GgmlType) -> bool {
-    ty == GgmlType::Q4_1 && supports(ty) && !super::int_dot::has_vnni()
+    ty == GgmlType::Q4_1 && supports(ty) && !super::features::has_vnni()
 }
 
 fn legacy(ty: GgmlType) -> bool {
@@ -300,7 +300,7 @@ fn dot_group(
         // AVX-512 kernel's features); the extents asserted above are what
         // they read.
         unsafe {
-            if super::int_dot::has_vnni() && !act.a8 {
+            if super::features::has_vnni() && !act.a8 {
                 x86::dot_group_avx512(ty, gw.as_ptr(), nb, act, r0, m, out)
             } else {
                 x86::dot_group_avx2(ty, gw.as_ptr(), nb, act, r0, m, out)
@@ -468,7 +468,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn vnni_and_avx2_kernels_agree_bitwise() {
-        use super::{super::int_dot::has_vnni, supports, x86};
+        use super::{super::features::has_vnni, supports, x86};
         if !has_vnni() || !supports(GgmlType::Q4_0) {
             eprintln!("skipped: this CPU lacks AVX-512 VNNI");
             return;

@@ -62,7 +62,7 @@ fn streaming(a: &[f32], b: &[f32], out: &mut [f32], m: usize, n: usize, k: usize
 /// `dots[i] = a[i, :] · w` for every row of `a`, reading `w` once.
 pub(crate) fn multi_dot(a: &[f32], w: &[f32], k: usize, dots: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if simd::has_avx2() {
+    if super::features::has_avx2() {
         let mut i = 0;
         while i + 4 <= dots.len() {
             // SAFETY: AVX2/FMA present; rows i..i+4 exist in `a`.

@@ -23,6 +23,7 @@ macro_rules! by_m {
 mod act_quant;
 mod activation;
 mod attention;
+mod features;
 mod gptq;
 mod int_dot;
 mod interleaved;
@@ -85,7 +86,7 @@ unsafe impl Sync for SyncPtr {}
 /// (`"avx2+fma+vnni"`, `"avx2+fma"` or `"scalar"`), for logs and
 /// `ferrum system-info`.
 pub fn simd_level() -> &'static str {
-    match (simd::has_avx2(), int_dot::has_vnni()) {
+    match (features::has_avx2(), features::has_vnni()) {
         (true, true) => "avx2+fma+vnni",
         (true, false) => "avx2+fma",
         _ => "scalar",

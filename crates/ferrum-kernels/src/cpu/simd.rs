@@ -1,26 +1,12 @@
 //! Vector primitives for the CPU backend: AVX2 + FMA paths picked at run
 //! time, and portable scalar fallbacks with the same numerics.
 //!
-//! Every public function here dispatches on [`has_avx2`], which reads the
-//! standard library's cached CPU-feature flags (one atomic load). The scalar
+//! Every public function here dispatches on [`has_avx2`] (see
+//! `cpu::features`). The scalar
 //! versions use the same polynomial approximations as the vector ones, so a
 //! model gives the same output on every x86-64 machine within rounding.
 
-/// True when the running CPU has AVX2, FMA and F16C (every AVX2 CPU made
-/// has F16C, which widens half-precision KV rows).
-#[inline]
-pub(crate) fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
+use super::features::has_avx2;
 
 /// Asks for the `len` bytes that start 2 KB after `p` to be brought into
 /// the cache. The quantized kernels walk each task's weights front to back,
