@@ -331,6 +331,16 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Waits until everything recorded in `ctx` has completed.
     fn sync(ctx: &mut Self::Context);
 
+    /// The first failure of an op on `ctx` since the last call, if any. Op
+    /// signatures are infallible (as the seed has them) and a GPU reports
+    /// failures asynchronously anyway, so a backend that can fail records
+    /// the first failure, skips the context's later ops and reports it
+    /// here; callers check after [`Backend::sync`]. (Not in the seed.)
+    /// Default: the backend's ops cannot fail.
+    fn take_error(_ctx: &mut Self::Context) -> Result<()> {
+        Ok(())
+    }
+
     // ── Graph capture (decode-step replay; GPU backends only) ─────────────
     //
     // A decode step is the same launch sequence every token, so a GPU backend

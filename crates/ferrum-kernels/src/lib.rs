@@ -15,7 +15,7 @@ pub use backend::{
     pack_bytes, packed_bytes, AttnConfig, AttnSegment, Backend, GgufQuantType, KvCache, KvDtype,
     PagedKv, QkMode, QuantKind, QuantWeights, ReduceOp,
 };
-pub use cpu::{CpuBackend, CpuBuffer, CpuGptqWeight};
+pub use cpu::{CpuBackend, CpuBuffer, CpuDtype, CpuGptqWeight};
 #[cfg(feature = "cuda")]
 pub use cuda::CudaBackend;
 pub use paged::{copy_append, gather_attention};

@@ -312,3 +312,28 @@ fn init_reports_missing_devices_as_errors() {
         assert!(G::init(1000).is_err());
     }
 }
+
+#[test]
+fn failed_ops_are_reported_by_take_error_and_later_ops_skipped() {
+    if !gpu() {
+        return;
+    }
+    let ctx = &mut G::new_context();
+    let (heads, hd, cap) = (2, 8, 4);
+    let (mut k, mut v) = (G::alloc(heads * cap * hd), G::alloc(heads * cap * hd));
+    let new = G::from_slice(&vec![1.0; heads * 2 * hd]);
+    // Four positions held, two more written: past the capacity.
+    G::kv_cache_append_head_major(ctx, &mut k, &mut v, 3, cap, &new, &new, 2, heads, hd);
+    // Skipped: the context already failed.
+    let (src, mut dst) = (G::from_slice(&[7.0; 4]), G::alloc(4));
+    G::copy_slice(ctx, &src, 0, &mut dst, 0, 4);
+    G::sync(ctx);
+    let err = G::take_error(ctx).unwrap_err().to_string();
+    assert!(err.contains("overflow"), "{err}");
+    assert_eq!(G::to_vec(&dst, 4), vec![0.0; 4], "later ops were skipped");
+    assert!(G::take_error(ctx).is_ok(), "the error was taken");
+    G::copy_slice(ctx, &src, 0, &mut dst, 0, 4);
+    G::sync(ctx);
+    assert!(G::take_error(ctx).is_ok());
+    assert_eq!(G::to_vec(&dst, 4), vec![7.0; 4]);
+}

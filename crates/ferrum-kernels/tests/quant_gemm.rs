@@ -8,7 +8,10 @@
 use ferrum_kernels::cpu::{integer_activation_group, takes_int8_activations};
 use ferrum_kernels::quant::act::quantize_act;
 use ferrum_kernels::quant::dequantize;
-use ferrum_kernels::{pack_bytes, Backend, CpuBackend, GgufQuantType, QuantKind, QuantWeights};
+use ferrum_kernels::{
+    pack_bytes, Backend, CpuBackend, CpuDtype, GgufQuantType, KvDtype, QuantKind, QuantWeights,
+};
+use ferrum_types::GgmlType;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 type B = CpuBackend;
@@ -371,6 +374,31 @@ fn short_buffers_and_ragged_k_are_errors() {
             B::gemm_quant(&mut (), &a, &w, &mut out, 1, 2, 64, &other).is_err(),
             "interleaved Q8_0 read as Q4_0"
         );
+    }
+    // Every buffer names what it holds: blocks are never read as another
+    // type, a KV pool never as a weight.
+    let q4k = B::load_gguf(&[0u8; 144 * 2], GgufQuantType::Q4K, 2, 256).unwrap();
+    assert_eq!(q4k.dtype(), CpuDtype::Blocks(GgmlType::Q4_K));
+    let f16_pool = B::alloc_kv(512, KvDtype::F16);
+    assert_eq!(f16_pool.dtype(), CpuDtype::F16);
+    let a256 = B::alloc(256);
+    for (qw, ty, ok) in [
+        (&q4k, GgufQuantType::Q4K, true),
+        (&q4k, GgufQuantType::Q6K, false),
+        (&f16_pool, GgufQuantType::Q4K, false),
+    ] {
+        let w = QuantWeights::<B> {
+            qweight: qw,
+            scales: None,
+            zeros: None,
+            g_idx: None,
+        };
+        let kind = QuantKind::Gguf {
+            quant_type: ty,
+            int8_activations: false,
+        };
+        let r = B::gemm_quant(&mut (), &a256, &w, &mut out, 1, 2, 256, &kind);
+        assert_eq!(r.is_ok(), ok, "{:?} read as {ty:?}", qw.dtype());
     }
     assert!(B::load_gguf(&[0u8; 34 * 3], t, 2, 64).is_err(), "short");
     assert!(B::load_gguf(&[0u8; 34 * 4], t, 2, 48).is_err(), "ragged k");

@@ -36,7 +36,7 @@ pub(crate) mod simd;
 
 use std::ops::{Deref, DerefMut};
 
-use ferrum_types::{FerrumError, Result};
+use ferrum_types::{FerrumError, GgmlType, Result};
 use half::f16;
 use rayon::prelude::*;
 use simd::Elem;
@@ -142,28 +142,51 @@ pub fn on_pool<R: Send>(
     Ok(pool.install(f))
 }
 
-/// A host buffer of f32 values.
+/// What the 32-bit words of a [`CpuBuffer`] hold.
 ///
-/// Weights from [`Backend::load_gguf`] may hold blocks in the interleaved
-/// layout of the CPU kernels instead (`interleaved` names their type), so
-/// that `gemm_quant` never reads one layout as the other. A KV pool from
-/// [`Backend::alloc_kv`] may hold f16 values two to a word (`half`); the
-/// paged ops and `copy_slice` then count f16 values.
+/// The seed's `Backend` moves every buffer as f32 words; the dtype says how
+/// the CPU kernels read them, so that no op reads one layout as another.
+/// (bf16 and the GPTQ/AWQ/FP8 layouts join this list with their kernels.)
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpuDtype {
+    /// f32 values. Also what [`Backend::from_slice`] makes of GGUF blocks
+    /// packed with [`crate::pack_bytes`] (the seed's route), which
+    /// `gemm_quant` reads in the file's layout by the kind it is given.
+    #[default]
+    F32,
+    /// f16 values, two to a word (a half-precision KV pool from
+    /// [`Backend::alloc_kv`]); the paged ops and `copy_slice` count f16
+    /// values.
+    F16,
+    /// GGUF blocks of this type in the file's layout (from `load_gguf`).
+    Blocks(GgmlType),
+    /// GGUF blocks of this type repacked into the interleaved layout of the
+    /// CPU kernels (from `load_gguf`).
+    Interleaved(GgmlType),
+}
+
+/// A host buffer of 32-bit words and what they hold.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CpuBuffer {
     data: Vec<f32>,
-    interleaved: Option<ferrum_types::GgmlType>,
-    half: bool,
+    dtype: CpuDtype,
 }
 
 impl CpuBuffer {
-    /// Takes ownership of `data` without copying.
+    /// Takes ownership of `data` (f32 values) without copying.
     pub fn from_vec(data: Vec<f32>) -> Self {
         Self {
             data,
-            interleaved: None,
-            half: false,
+            dtype: CpuDtype::F32,
         }
+    }
+
+    pub fn dtype(&self) -> CpuDtype {
+        self.dtype
+    }
+
+    fn is_f16(&self) -> bool {
+        self.dtype == CpuDtype::F16
     }
 
     /// Gives the values back.
@@ -173,7 +196,7 @@ impl CpuBuffer {
 
     /// The values of an f16 buffer.
     fn halves(&self) -> &[f16] {
-        debug_assert!(self.half);
+        debug_assert!(self.is_f16());
         // SAFETY: `f16` is a `repr(transparent)` u16, so any bits are a
         // value, its alignment (2) divides f32's, and the words' bytes are
         // exactly `2 × len` of them.
@@ -181,7 +204,7 @@ impl CpuBuffer {
     }
 
     fn halves_mut(&mut self) -> &mut [f16] {
-        debug_assert!(self.half);
+        debug_assert!(self.is_f16());
         // SAFETY: as in `halves`; the borrow is unique.
         unsafe {
             std::slice::from_raw_parts_mut(self.data.as_mut_ptr().cast(), 2 * self.data.len())
@@ -266,7 +289,7 @@ impl Backend for CpuBackend {
                 a,
                 packed_bytes(weights.qweight),
                 quant_type.ggml(),
-                weights.qweight.interleaved,
+                weights.qweight.dtype,
                 *int8_activations,
                 out,
                 m,
@@ -371,7 +394,7 @@ impl Backend for CpuBackend {
         out: &mut Self::Buffer,
         cfg: &AttnConfig,
     ) {
-        match (k_pool.half, v_pool.half) {
+        match (k_pool.is_f16(), v_pool.is_f16()) {
             (false, false) => {
                 attention::paged_attention_segments(q, k_pool, v_pool, segs, out, cfg)
             }
@@ -397,7 +420,7 @@ impl Backend for CpuBackend {
     ) {
         let (new_k, new_v) = (&new_k_head_major[..], &new_v_head_major[..]);
         let rows = (pages, pos, new_tokens, nkv, hd);
-        match (k_pool.half, v_pool.half) {
+        match (k_pool.is_f16(), v_pool.is_f16()) {
             (false, false) => layout::paged_kv_append(k_pool, v_pool, new_k, new_v, rows),
             (true, true) => {
                 let (k, v) = (k_pool.halves_mut(), v_pool.halves_mut());
@@ -416,7 +439,7 @@ impl Backend for CpuBackend {
         len: usize,
     ) {
         let (s, d) = (src_offset..src_offset + len, dst_offset..dst_offset + len);
-        match (src.half, dst.half) {
+        match (src.is_f16(), dst.is_f16()) {
             (false, false) => dst[d].copy_from_slice(&src[s]),
             (true, true) => dst.halves_mut()[d].copy_from_slice(&src.halves()[s]),
             (true, false) => f16::widen_into(&src.halves()[s], &mut dst[d]),
@@ -568,8 +591,8 @@ impl Backend for CpuBackend {
         match dtype {
             KvDtype::F32 => Self::alloc(len),
             KvDtype::F16 => CpuBuffer {
-                half: true,
-                ..CpuBuffer::from_vec(vec![0.0; len.div_ceil(2)])
+                data: vec![0.0; len.div_ceil(2)],
+                dtype: CpuDtype::F16,
             },
         }
     }
@@ -607,13 +630,16 @@ impl Backend for CpuBackend {
                 bytes.len()
             )));
         }
-        if interleaved::supports(ty) {
-            Ok(CpuBuffer {
-                interleaved: Some(ty),
-                ..CpuBuffer::from_vec(interleaved::repack(bytes, ty, n, k)?)
-            })
+        Ok(if interleaved::supports(ty) {
+            CpuBuffer {
+                data: interleaved::repack(bytes, ty, n, k)?,
+                dtype: CpuDtype::Interleaved(ty),
+            }
         } else {
-            Ok(CpuBuffer::from_vec(crate::pack_bytes(bytes)))
-        }
+            CpuBuffer {
+                data: crate::pack_bytes(bytes),
+                dtype: CpuDtype::Blocks(ty),
+            }
+        })
     }
 }

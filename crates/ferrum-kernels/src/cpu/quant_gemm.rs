@@ -18,7 +18,7 @@ use rayon::prelude::*;
 use super::act_quant::ActRows;
 use super::matmul::{blocked, multi_dot, ROWS_PER_TASK, STREAMING_MAX_M};
 use super::SyncPtr;
-use super::{int_dot, interleaved};
+use super::{int_dot, interleaved, CpuDtype};
 use crate::quant::dequantize;
 
 /// Up to this many groups of `STREAMING_MAX_M` activation rows stream each
@@ -58,18 +58,24 @@ pub(crate) fn gemm_gguf(
     a: &[f32],
     w: &[u8],
     ty: GgmlType,
-    interleaved: Option<GgmlType>,
+    layout: CpuDtype,
     int8_activations: bool,
     out: &mut [f32],
     m: usize,
     n: usize,
     k: usize,
 ) -> Result<()> {
-    if let Some(layout) = interleaved.filter(|&layout| layout != ty) {
-        return Err(FerrumError::invalid(format!(
-            "gemm_quant {ty}: the weight was loaded as {layout}"
-        )));
-    }
+    let interleaved = match layout {
+        CpuDtype::Interleaved(t) if t == ty => true,
+        CpuDtype::Blocks(t) if t == ty => false,
+        // Blocks packed into words by the caller (the seed's route).
+        CpuDtype::F32 => false,
+        other => {
+            return Err(FerrumError::invalid(format!(
+                "gemm_quant {ty}: the weight holds {other:?}"
+            )))
+        }
+    };
     let (bs, bb) = (ty.block_size(), ty.block_bytes());
     if !k.is_multiple_of(bs) {
         return Err(FerrumError::invalid(format!(
@@ -78,8 +84,8 @@ pub(crate) fn gemm_gguf(
     }
     let row_bytes = k / bs * bb;
     let need = match interleaved {
-        Some(_) => interleaved::weight_bytes(ty, n, k),
-        None => n * row_bytes,
+        true => interleaved::weight_bytes(ty, n, k),
+        false => n * row_bytes,
     };
     if w.len() < need || a.len() < m * k || out.len() < m * n {
         return Err(FerrumError::invalid(format!(
@@ -91,7 +97,7 @@ pub(crate) fn gemm_gguf(
         return Ok(());
     }
     let (a, out) = (&a[..m * k], &mut out[..m * n]);
-    if interleaved.is_some() {
+    if interleaved {
         let act8 = int8_activations && interleaved::takes_act8(ty);
         with_scratch(&ACT, |act| {
             if act8 {

@@ -26,6 +26,31 @@ pub struct CudaBackend;
 /// Launches go to the device's stream.
 pub struct CudaContext {
     stream: Arc<CudaStream>,
+    /// The first failure since the last `take_error`. Later ops on the
+    /// context are skipped (their inputs may be garbage), as CUDA's own
+    /// errors are sticky.
+    error: Option<String>,
+}
+
+impl CudaContext {
+    /// `r`'s value, or `None` with the failure recorded.
+    fn check<T, E: std::fmt::Debug>(
+        &mut self,
+        r: std::result::Result<T, E>,
+        what: &str,
+    ) -> Option<T> {
+        match r {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.fail(format!("CUDA {what} failed: {e:?}"));
+                None
+            }
+        }
+    }
+
+    fn fail(&mut self, msg: String) {
+        self.error.get_or_insert(msg);
+    }
 }
 
 impl CudaBackend {
@@ -46,14 +71,6 @@ impl CudaBackend {
         CudaBackend::init(0).ok()?;
         let d = device::get();
         Some(format!("{} (sm_{}{})", d.name, d.arch.0, d.arch.1))
-    }
-}
-
-fn check(r: std::result::Result<impl Sized, impl std::fmt::Debug>, what: &str) {
-    // A failed launch means a corrupted context or a bug in our launch
-    // parameters; the infallible op signatures leave no way to report it.
-    if let Err(e) = r {
-        panic!("CUDA {what} failed: {e:?}");
     }
 }
 
@@ -92,15 +109,20 @@ macro_rules! push_args {
     };
 }
 
+/// Launches kernel `$name`, unless the context already failed; a failed
+/// launch is recorded in the context (see [`Backend::take_error`]).
 macro_rules! launch {
     ($ctx:expr, $name:expr, $cfg:expr, $($arg:expr),* $(,)?) => {{
-        let f = &device::get().funcs[$name];
-        let mut b = $ctx.stream.launch_builder(f);
-        push_args!(b; $($arg),*);
-        // SAFETY: argument lists match the kernel signatures in kernels.cu
-        // and every buffer covers the range the kernel touches (the
-        // Backend contract's shapes).
-        check(unsafe { b.launch($cfg) }, $name);
+        if $ctx.error.is_none() {
+            let f = &device::get().funcs[$name];
+            let mut b = $ctx.stream.launch_builder(f);
+            push_args!(b; $($arg),*);
+            // SAFETY: argument lists match the kernel signatures in
+            // kernels.cu and every buffer covers the range the kernel
+            // touches (the Backend contract's shapes).
+            let r = unsafe { b.launch($cfg) };
+            $ctx.check(r, $name);
+        }
     }};
 }
 
@@ -121,7 +143,7 @@ fn quant_name(t: GgufQuantType) -> &'static str {
 
 /// `out[m, n] = a[m, k] · w[n, k]ᵀ` with cuBLAS (column-major: outᵀ = w · aᵀ).
 fn sgemm(
-    ctx: &CudaContext,
+    ctx: &mut CudaContext,
     a: &CudaSlice<f32>,
     w: &CudaSlice<f32>,
     out: &mut CudaSlice<f32>,
@@ -141,12 +163,12 @@ fn sgemm(
         beta: 0.0f32,
         ldc: i(n),
     };
-    let _ = ctx;
+    if ctx.error.is_some() {
+        return;
+    }
     // SAFETY: a holds m·k, w n·k and out m·n values (the gemm contract).
-    check(
-        unsafe { device::get().blas.gemm(cfg, w, a, out) },
-        "cuBLAS sgemm",
-    );
+    let r = unsafe { device::get().blas.gemm(cfg, w, a, out) };
+    ctx.check(r, "cuBLAS sgemm");
 }
 
 type ScratchSlot = std::sync::Mutex<Option<CudaSlice<f32>>>;
@@ -172,11 +194,19 @@ impl Backend for CudaBackend {
     fn new_context() -> CudaContext {
         CudaContext {
             stream: device::get().stream.clone(),
+            error: None,
         }
     }
 
     fn sync(ctx: &mut CudaContext) {
-        check(ctx.stream.synchronize(), "stream synchronize");
+        let r = ctx.stream.synchronize();
+        ctx.check(r, "stream synchronize");
+    }
+
+    fn take_error(ctx: &mut CudaContext) -> Result<()> {
+        ctx.error
+            .take()
+            .map_or(Ok(()), |m| Err(FerrumError::Device(m)))
     }
 
     fn gemm(
@@ -247,11 +277,12 @@ impl Backend for CudaBackend {
         pos_offset: usize,
         cfg: &AttnConfig,
     ) {
-        assert!(
-            cfg.head_dim <= 256,
-            "CUDA attention supports head_dim up to 256, got {}",
-            cfg.head_dim
-        );
+        if cfg.head_dim > 256 {
+            return ctx.fail(format!(
+                "CUDA attention supports head_dim up to 256, got {}",
+                cfg.head_dim
+            ));
+        }
         let stride = if cfg.kv_seq_stride == 0 {
             kv_len
         } else {
@@ -288,7 +319,7 @@ impl Backend for CudaBackend {
         };
         let mut guard = scratch(&device::get().attn_scratch, need);
         let Some(part) = guard.as_mut() else {
-            panic!("attention scratch allocation failed");
+            return ctx.fail("attention scratch allocation failed".into());
         };
         launch!(
             ctx,
@@ -340,7 +371,10 @@ impl Backend for CudaBackend {
     ) {
         let s = src.slice(src_offset..src_offset + len);
         let mut d = dst.slice_mut(dst_offset..dst_offset + len);
-        check(ctx.stream.memcpy_dtod(&s, &mut d), "copy");
+        if ctx.error.is_none() {
+            let r = ctx.stream.memcpy_dtod(&s, &mut d);
+            ctx.check(r, "copy");
+        }
     }
 
     fn embedding_lookup(
@@ -350,9 +384,9 @@ impl Backend for CudaBackend {
         out: &mut Self::Buffer,
         dim: usize,
     ) {
-        let dev_ids = match ctx.stream.clone_htod(ids) {
-            Ok(d) => d,
-            Err(e) => panic!("CUDA upload of token ids failed: {e:?}"),
+        let r = ctx.stream.clone_htod(ids);
+        let Some(dev_ids) = ctx.check(r, "upload of token ids") else {
+            return;
         };
         launch!(
             ctx,
@@ -471,10 +505,11 @@ impl Backend for CudaBackend {
         nkv: usize,
         hd: usize,
     ) {
-        assert!(
-            cache_len + new_tokens <= cache_capacity,
-            "KV cache overflow: the caller checks capacity first"
-        );
+        if cache_len + new_tokens > cache_capacity {
+            return ctx.fail(format!(
+                "KV cache overflow: {cache_len} + {new_tokens} positions in a cache of {cache_capacity}"
+            ));
+        }
         launch!(
             ctx,
             "kv_append",
@@ -565,6 +600,11 @@ impl Backend for CudaBackend {
         launch!(ctx, "gelu_erf", linear(len), x, out, &i(len));
     }
 
+    /// Running out of device memory here panics, as a failed host
+    /// allocation aborts: the seed's signature has no error, and callers
+    /// allocate at load or when scratch grows, never per step (the engine's
+    /// step fence turns it into failed requests). The same holds for
+    /// `from_slice` and `to_vec`.
     fn alloc(len: usize) -> Self::Buffer {
         match device::get().stream.alloc_zeros::<f32>(len.max(1)) {
             Ok(b) => b,

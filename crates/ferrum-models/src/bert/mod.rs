@@ -173,6 +173,7 @@ impl<B: Backend> BertModel<B> {
             layer_norm::<B>(ctx, &tmp, &lw.ffn_norm, c.eps, &mut x, rows, h);
         }
         B::sync(ctx);
+        B::take_error(ctx)?;
         let all = B::to_vec(&x, rows * h);
         let mut out = Vec::with_capacity(inputs.len());
         let mut r0 = 0;
@@ -203,6 +204,7 @@ impl<B: Backend> BertModel<B> {
         let mut out = B::alloc(h);
         dense::<B>(ctx, &a, p, &mut out, 1, h, h);
         B::sync(ctx);
+        B::take_error(ctx)?;
         Ok(B::to_vec(&out, h).into_iter().map(f32::tanh).collect())
     }
 }

@@ -118,6 +118,7 @@ impl<B: Backend> KvStore<B> {
                 }
             }
             B::sync(ctx);
+            B::take_error(ctx)?;
             TensorRef::new(vec![nkv, len, hd], B::to_vec(&out, nkv * len * hd))
         };
         self.k
@@ -161,6 +162,7 @@ impl<B: Backend> KvStore<B> {
             B::paged_kv_append(ctx, kp, vp, &pages, 0, &kb, &vb, len, nkv, hd);
         }
         B::sync(ctx);
+        B::take_error(ctx)?;
         Ok(())
     }
 }

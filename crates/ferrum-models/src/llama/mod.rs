@@ -318,6 +318,7 @@ impl<B: Backend> LlamaModel<B> {
             self.mlp(ctx, l, rows)?;
         }
         B::sync(ctx);
+        B::take_error(ctx)?;
         Ok(())
     }
 
@@ -574,6 +575,7 @@ impl<B: Backend> LlamaModel<B> {
             }
         }
         B::sync(ctx);
+        B::take_error(ctx)?;
         // Every element is overwritten: resizing a buffer already of this
         // size (each decode step of a steady batch) writes nothing.
         logits.resize(rows * vocab, 0.0);
@@ -617,6 +619,7 @@ impl<B: Backend> PagedLlm for LlamaModel<B> {
         let ctx = &mut B::new_context();
         self.kv.copy_blocks(ctx, copies)?;
         B::sync(ctx);
+        B::take_error(ctx)?;
         Ok(())
     }
 
