@@ -57,6 +57,7 @@ use super::act_quant::ActRows;
 use super::SyncPtr;
 
 #[cfg(target_arch = "x86_64")]
+#[path = "x86/interleaved.rs"]
 mod x86;
 
 /// Weight rows per group: the lanes of a 512-bit vector of i32.
