@@ -350,6 +350,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     // error (unsupported), run the step eagerly, optionally bracketed by
     // `set_dev_state_mode(true)` + `begin_graph_capture` and
     // `end_graph_capture` + `set_dev_state_mode(false)` to record it.
+    //
+    // Status: the seed's hooks, kept as stubs. No backend overrides them
+    // yet and no model calls them; the CUDA decode issue (device-resident
+    // step, CUDA graphs) implements them for `CudaBackend`.
 
     /// Copies the per-step scalars (token id, position) to device memory.
     fn set_decode_state(_ctx: &mut Self::Context, _token: u32, _step: u32) {}
@@ -834,7 +838,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     //
     // Single-rank defaults: one process owns the whole model, so every
     // collective is the identity and model code may call them
-    // unconditionally at no cost. Multi-GPU backends override them.
+    // unconditionally at no cost. Status: every backend today runs at world
+    // size 1 with these identities; a multi-GPU backend overrides them.
 
     /// Number of ranks sharing the model.
     fn world_size(_ctx: &Self::Context) -> usize {

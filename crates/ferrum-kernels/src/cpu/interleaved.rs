@@ -32,10 +32,9 @@
 //!   word per row; chunk `c` holds `W_{4c}..W_{4c+4}`, nibble `j` of the
 //!   word's low half value `8c + 2j` and of its high half value
 //!   `8c + 2j + 1`. A chunk's `W_{4c+j}` as i16 lanes is then one shift and
-//!   one mask of the loaded words (no widening across 128-bit lanes); this
-//!   made the AVX2 kernel ~1.5x faster for one activation row and ~1.1x
-//!   for eight on Q4_1 (`gemm_quant` bench) than a layout of bytes that
-//!   each needed a zero-extension;
+//!   one mask of the loaded words (no widening across 128-bit lanes),
+//!   faster than a layout of bytes that each needed a zero-extension
+//!   (`gemm_quant` bench; `docs/perf-log.md`);
 //! - Q5_0, Q5_1: a 64-byte plane of fifth bits, a word per row: bit `p` of
 //!   its low half for value `2p`, of its high half for value `2p + 1`, so
 //!   `W_p`'s bits sit at bit `p` of their own i16 lanes.

@@ -9,10 +9,10 @@ use rayon::prelude::*;
 
 use super::{simd, SyncPtr};
 
-/// Up to this many activation rows use the streaming kernel. Measured with
-/// `cargo bench -p ferrum-kernels --bench gemm` on 2 AVX2 cores: at m = 16
-/// the `gemm` crate is ~12% faster than streaming (78 vs 68 GFLOP/s at
-/// n = 4864, k = 896), so streaming is kept for decode-sized batches only.
+/// Up to this many activation rows use the streaming kernel: from 16 rows
+/// the `gemm` crate is faster (`cargo bench -p ferrum-kernels --bench
+/// gemm`; figures in `docs/perf-log.md`), so streaming is kept for
+/// decode-sized batches only.
 pub(crate) const STREAMING_MAX_M: usize = 8;
 
 /// Weight rows per parallel task: enough to amortise task overhead.

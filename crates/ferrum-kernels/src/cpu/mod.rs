@@ -124,9 +124,9 @@ pub fn threads() -> usize {
 /// A model's forward pass is hundreds of small parallel ops. Started from a
 /// thread outside the pool, each op is handed to sleeping workers and the
 /// caller blocks; started from a pool worker, the caller takes part in the
-/// op and the others are already spinning. On 2 cores this makes SmolLM2's
-/// decode ~25% faster (`ferrum bench`), so drivers of the model (the CLI
-/// commands, the server's model thread) run inside one.
+/// op and the others are already spinning, which makes decode markedly
+/// faster on few cores (`docs/perf-log.md`), so drivers of the model (the
+/// CLI commands, the server's model thread) run inside one.
 pub fn on_pool<R: Send>(
     threads: Option<usize>,
     f: impl FnOnce() -> R + Send,

@@ -11,8 +11,7 @@ use super::features::has_avx2;
 /// Asks for the `len` bytes that start 2 KB after `p` to be brought into
 /// the cache. The quantized kernels walk each task's weights front to back,
 /// but the hardware prefetchers of the VMs measured did not keep up with
-/// that stream: SmolLM2's tg128 went from 160 to 217 tok/s with this
-/// (distances of 1 to 8 KB were within the noise of each other).
+/// that stream (the gain, and the distances tried, are in `docs/perf-log.md`).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn prefetch_ahead(p: *const u8, len: usize) {

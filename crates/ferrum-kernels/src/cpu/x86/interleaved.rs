@@ -211,10 +211,9 @@ impl Format for Q80 {
 /// `dot` plus, per row lane, `Σ_j w[j] · (a[2j], a[2j + 1])`: eight pairs of
 /// activation values against the eight rows' pairs, without VNNI. The
 /// pairs are loaded four at a time into both 128-bit lanes and spread by
-/// `VPSHUFD`: a load plus a shuffle per pair runs ~20% faster on Zen 3 than
-/// a `VPBROADCASTD` from memory (Q5_0 `gemm_quant` bench, m = 8 and 64;
-/// with LLVM folding the shuffles back into broadcasts, m = 8 ran ~8%
-/// slower). Its own target feature lets the barrier name `ymm` registers;
+/// `VPSHUFD`: a load plus a shuffle per pair beats a `VPBROADCASTD` from
+/// memory on Zen 3, and LLVM must not fold the shuffles back into
+/// broadcasts (`docs/perf-log.md`). Its own target feature lets the barrier name `ymm` registers;
 /// the AVX2 entry point inlines it.
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -537,10 +536,9 @@ pub(super) unsafe fn dot_group_avx2(
         return;
     }
     // Five to eight rows: twice four rows unpacks the weights twice, which
-    // the shared broadcasts more than pay for (Q8_0 ~25% faster; Q4_1 with
-    // the word layout ~1.2x: `gemm_quant` bench, m = 8, one thread) except
-    // where the fifth bits make unpacking dear (Q5_0: one half for eight
-    // rows is ~20% faster, also re-measured with the word layout).
+    // the shared broadcasts more than pay for, except where the fifth bits
+    // make unpacking dear: Q5_0/Q5_1 take one half for eight rows
+    // (`gemm_quant` bench, m = 8; `docs/perf-log.md`).
     match m {
         1..=4 => by_type!(ty, m, group256x2(g, nb, act, r0, out)),
         _ if matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1) => {
