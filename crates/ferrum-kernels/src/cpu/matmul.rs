@@ -9,6 +9,10 @@ use rayon::prelude::*;
 
 use super::{simd, SyncPtr};
 
+#[cfg(target_arch = "x86_64")]
+#[path = "x86/matmul.rs"]
+mod x86;
+
 /// Up to this many activation rows use the streaming kernel: from 16 rows
 /// the `gemm` crate is faster (`cargo bench -p ferrum-kernels --bench
 /// gemm`; figures in `docs/perf-log.md`), so streaming is kept for
@@ -66,7 +70,7 @@ pub(crate) fn multi_dot(a: &[f32], w: &[f32], k: usize, dots: &mut [f32]) {
         let mut i = 0;
         while i + 4 <= dots.len() {
             // SAFETY: AVX2/FMA present; rows i..i+4 exist in `a`.
-            let d = unsafe { dot4_avx2(&a[i * k..(i + 4) * k], w, k) };
+            let d = unsafe { x86::dot4_avx2(&a[i * k..(i + 4) * k], w, k) };
             dots[i..i + 4].copy_from_slice(&d);
             i += 4;
         }
@@ -78,36 +82,6 @@ pub(crate) fn multi_dot(a: &[f32], w: &[f32], k: usize, dots: &mut [f32]) {
     for (r, d) in dots.iter_mut().enumerate() {
         *d = simd::dot(&a[r * k..(r + 1) * k], w);
     }
-}
-
-/// Four rows of `a` (`[4, k]`) against one weight row, sharing each load of
-/// `w` across the four accumulators.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot4_avx2(a: &[f32], w: &[f32], k: usize) -> [f32; 4] {
-    use std::arch::x86_64::*;
-    let pw = w.as_ptr();
-    let pa = a.as_ptr();
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let mut c = 0;
-    while c + 8 <= k {
-        let vw = _mm256_loadu_ps(pw.add(c));
-        for (r, acc) in acc.iter_mut().enumerate() {
-            *acc = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(r * k + c)), vw, *acc);
-        }
-        c += 8;
-    }
-    let mut res = [0f32; 4];
-    for (r, out) in res.iter_mut().enumerate() {
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), acc[r]);
-        let mut s: f32 = lanes.iter().sum();
-        for cc in c..k {
-            s = (*pa.add(r * k + cc)).mul_add(*pw.add(cc), s);
-        }
-        *out = s;
-    }
-    res
 }
 
 /// `out[i, j] = a[i, :] · b[j, :]` through the `gemm` crate, writing row `i`
