@@ -191,13 +191,14 @@ pub struct KvArgs {
 }
 
 impl KvArgs {
-    pub fn pool(&self) -> KvPoolConfig {
-        KvPoolConfig {
+    /// The KV pool these flags ask for on `device`.
+    pub fn pool(&self, device: Device) -> Result<KvPoolConfig> {
+        Ok(KvPoolConfig {
             tokens: self.kv_cache_tokens.unwrap_or(0),
             block_size: self.block_size.unwrap_or(0),
             prefix_caching: !self.no_prefix_caching,
-            dtype: self.dtype.kv_cache_dtype,
-        }
+            dtype: self.dtype.resolve(device)?,
+        })
     }
 }
 
@@ -206,18 +207,32 @@ impl KvArgs {
 #[derive(clap::Args, Clone, Debug)]
 pub struct KvDtypeArg {
     /// What the KV cache stores: f16 (half the memory and the bytes read
-    /// per token at long context) or f32. CUDA keeps f32 either way.
-    #[arg(long, env = "FERRUM_KV_CACHE_DTYPE", default_value = "f16")]
-    pub kv_cache_dtype: KvDtype,
+    /// per token at long context) or f32. Default: f16 on the CPU, f32 on
+    /// CUDA (whose kernels read f32 K/V only, so f16 there is an error).
+    #[arg(long, env = "FERRUM_KV_CACHE_DTYPE")]
+    pub kv_cache_dtype: Option<KvDtype>,
 }
 
 impl KvDtypeArg {
-    /// The default pool with this dtype.
-    pub fn pool(&self) -> KvPoolConfig {
-        KvPoolConfig {
-            dtype: self.kv_cache_dtype,
-            ..KvPoolConfig::default()
+    /// The dtype for `device`: as asked where the device has kernels for
+    /// it, else its default.
+    pub fn resolve(&self, device: Device) -> Result<KvDtype> {
+        match (device, self.kv_cache_dtype) {
+            (Device::Cpu, d) => Ok(d.unwrap_or(KvDtype::F16)),
+            (Device::Cuda(_), None | Some(KvDtype::F32)) => Ok(KvDtype::F32),
+            (Device::Cuda(_), Some(d)) => bail!(
+                "--kv-cache-dtype {} is not supported with --device cuda yet (its attention kernels read f32 K/V); use f32 or leave it out",
+                d.name()
+            ),
         }
+    }
+
+    /// The default pool with this dtype on `device`.
+    pub fn pool(&self, device: Device) -> Result<KvPoolConfig> {
+        Ok(KvPoolConfig {
+            dtype: self.resolve(device)?,
+            ..KvPoolConfig::default()
+        })
     }
 }
 
@@ -238,8 +253,9 @@ pub struct SpecArgs {
 }
 
 impl SpecArgs {
-    /// The engine's speculation settings (loads the draft model).
-    pub fn load(&self, device: Device) -> Result<Option<Speculation>> {
+    /// The engine's speculation settings (loads the draft model, its KV
+    /// pool configured like the target's: `pool`).
+    pub fn load(&self, device: Device, pool: &KvPoolConfig) -> Result<Option<Speculation>> {
         let k = self.spec_tokens.max(1);
         if self.spec_ngram {
             return Ok(Some(Speculation::ngram(3, k)));
@@ -248,7 +264,30 @@ impl SpecArgs {
             return Ok(None);
         };
         let files = ModelFiles::open(&resolve(draft)?)?;
-        let model = files.load_llm(device, &KvPoolConfig::default())?;
+        let model = files.load_llm(device, pool)?;
         Ok(Some(Speculation::draft_model(model, k)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_dtype_defaults_per_device_and_f16_on_cuda_is_refused() {
+        let arg = |d| KvDtypeArg { kv_cache_dtype: d };
+        let cuda = Device::Cuda(0);
+        assert_eq!(arg(None).resolve(Device::Cpu).ok(), Some(KvDtype::F16));
+        assert_eq!(
+            arg(Some(KvDtype::F32)).resolve(Device::Cpu).ok(),
+            Some(KvDtype::F32)
+        );
+        assert_eq!(arg(None).resolve(cuda).ok(), Some(KvDtype::F32));
+        assert_eq!(
+            arg(Some(KvDtype::F32)).resolve(cuda).ok(),
+            Some(KvDtype::F32)
+        );
+        let err = arg(Some(KvDtype::F16)).resolve(cuda).unwrap_err();
+        assert!(err.to_string().contains("--kv-cache-dtype f16"), "{err}");
     }
 }

@@ -1,7 +1,7 @@
 //! Turning logits into the next token.
 //!
-//! Order of operations (as llama.cpp and vLLM apply them): penalties on the
-//! raw logits; log-probabilities for reporting; then temperature, top-k,
+//! Order of operations (as llama.cpp and vLLM apply them): penalties and
+//! `logit_bias` on the raw logits; log-probabilities for reporting; then temperature, top-k,
 //! top-p and min-p; then a draw from a per-request RNG, so the same seed
 //! gives the same text.
 
@@ -33,6 +33,9 @@ pub struct SamplingParams {
     pub seed: Option<u64>,
     /// Also report the log-probabilities of this many most likely tokens.
     pub top_logprobs: usize,
+    /// Added to these tokens' logits before anything else looks at them
+    /// (OpenAI's `logit_bias`: -100 bans a token, 100 all but forces it).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -47,6 +50,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             seed: None,
             top_logprobs: 0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -88,6 +92,15 @@ impl SamplingParams {
         }
         if self.top_logprobs > 20 {
             return bad("top_logprobs", "must be at most 20");
+        }
+        if let Some((t, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(-100.0..=100.0).contains(b))
+        {
+            return Err(FerrumError::invalid(format!(
+                "logit_bias of token {t} is {b}; it must be between -100 and 100"
+            )));
         }
         Ok(())
     }
@@ -185,6 +198,11 @@ impl Sampler {
                 if let Some(l) = logits.get_mut(t as usize) {
                     *l -= p.presence_penalty + p.frequency_penalty * c as f32;
                 }
+            }
+        }
+        for &(t, b) in &p.logit_bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += b;
             }
         }
     }

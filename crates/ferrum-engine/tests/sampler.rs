@@ -265,3 +265,32 @@ fn verifying_a_draft_keeps_the_sampling_distribution() {
     let (out, acc) = s.verify(&mut logits.clone(), 3);
     assert_eq!((out.token, acc), (1, false));
 }
+
+#[test]
+fn logit_bias_shifts_logits_before_sampling() {
+    let logits = [0.5f32, 3.0, -1.0, 2.9];
+    // Greedy: +100 forces token 2; -100 on the argmax hands it to token 3.
+    let biased = |bias: Vec<(u32, f32)>, temperature: f32| SamplingParams {
+        logit_bias: bias,
+        ..params(temperature)
+    };
+    let mut s = Sampler::new(biased(vec![(2, 100.0)], 0.0), &[]);
+    assert_eq!(s.sample(&mut logits.to_vec()).token, 2);
+    let mut s = Sampler::new(biased(vec![(1, -100.0)], 0.0), &[]);
+    assert_eq!(s.sample(&mut logits.to_vec()).token, 3);
+    // Sampling draws from softmax(logits + bias), and the reported
+    // log-probabilities are of the biased logits.
+    let bias = vec![(0, 2.0), (3, -1.5)];
+    let want = softmax(&[2.5, 3.0, -1.0, 1.4]);
+    let h = histogram(biased(bias.clone(), 1.0), &logits, 40_000);
+    for (got, want) in h.iter().zip(&want) {
+        assert!((got - want).abs() < 0.01, "{h:?} vs {want:?}");
+    }
+    let mut s = Sampler::new(biased(bias, 0.0), &[]);
+    let got = s.sample(&mut logits.to_vec());
+    assert_eq!(got.token, 1);
+    assert!((got.logprob as f64 - want[1].ln()).abs() < 1e-5);
+    // Out of range is refused.
+    assert!(biased(vec![(0, 100.5)], 1.0).validate().is_err());
+    assert!(biased(vec![(0, f32::NAN)], 1.0).validate().is_err());
+}

@@ -4,12 +4,15 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ferrum_types::FerrumError;
+use std::borrow::Cow;
 
 #[derive(Debug)]
 pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
-    pub param: Option<&'static str>,
+    /// The request field at fault (a name the server knows, or one the
+    /// client sent).
+    pub param: Option<Cow<'static, str>>,
     pub code: Option<&'static str>,
 }
 
@@ -19,7 +22,7 @@ impl ApiError {
         Self {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
-            param,
+            param: param.map(Cow::Borrowed),
             code: None,
         }
     }

@@ -20,7 +20,9 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::admin::body;
 use crate::error::ApiError;
-use crate::protocol::{parse, ChatMessage, ChatRequest, CompletionRequest, GenParams, Prompt};
+use crate::protocol::{
+    parse, reject_unknown, ChatMessage, ChatRequest, CompletionRequest, GenParams, Prompt,
+};
 use crate::worker::{ChoiceDone, Event, Job};
 use crate::{now, Ready, Shared};
 
@@ -94,12 +96,25 @@ fn submit(
     default_max: Option<usize>,
     prompt_logprobs: Option<usize>,
 ) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
-    let Ready::Llm { jobs, capacity, .. } = s.ready()? else {
+    let Ready::Llm {
+        jobs,
+        capacity,
+        tok,
+        ..
+    } = s.ready()?
+    else {
         return Err(ApiError::invalid(
             "this server runs an embedding model; use /v1/embeddings",
             Some("model"),
         ));
     };
+    let vocab = tok.vocab_size();
+    if let Some((id, _)) = p.sampling.logit_bias.iter().find(|b| b.0 as usize >= vocab) {
+        return Err(ApiError::invalid(
+            format!("logit_bias names token {id}, outside the vocabulary of {vocab} tokens"),
+            Some("logit_bias"),
+        ));
+    }
     if prompt.is_empty() {
         return Err(ApiError::invalid("the prompt is empty", Some("prompt")));
     }
@@ -163,7 +178,7 @@ async fn collect(
     for (p, mut rx) in rxs.into_iter().enumerate() {
         while let Some(ev) = rx.recv().await {
             match ev {
-                Event::Text { index, text } => out[p * n + index].text.push_str(&text),
+                Event::Text { index, text, .. } => out[p * n + index].text.push_str(&text),
                 Event::Done { index, done } => out[p * n + index].done = Some(done),
                 Event::Failed(m) => {
                     return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m, None))
@@ -282,6 +297,7 @@ pub async fn chat(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: ChatRequest = parse(&body(b)?)?;
+    reject_unknown(&req.unknown)?;
     s.check_model(req.gen.model.as_deref())?;
     let p = req.gen.validate(true)?;
     tracing::debug!(
@@ -315,13 +331,20 @@ pub async fn chat(
                 Chunk::Start(i) => base(
                     json!([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
                 ),
-                Chunk::Text(i, t) => base(
-                    json!([{"index": i, "delta": {"content": t}, "logprobs": null, "finish_reason": null}]),
-                ),
+                Chunk::Text(i, t, lp) => {
+                    let lp = lp.map(|(k, entries)| chat_logprobs(&tok, &entries, k));
+                    base(
+                        json!([{"index": i, "delta": {"content": t}, "logprobs": lp, "finish_reason": null}]),
+                    )
+                }
                 Chunk::End(i, d, top) => {
-                    let lp = top.map(|k| {
-                        chat_logprobs(&tok, &d.logprobs[..d.tokens.min(d.logprobs.len())], k)
-                    });
+                    // Tokens whose text never went out (the end of
+                    // generation) report theirs here.
+                    let end = d.tokens.min(d.logprobs.len());
+                    let rest = &d.logprobs[d.streamed.min(end)..end];
+                    let lp = top
+                        .filter(|_| !rest.is_empty())
+                        .map(|k| chat_logprobs(&tok, rest, k));
                     base(
                         json!([{"index": i, "delta": {}, "logprobs": lp, "finish_reason": finish_str(&Some(d))}]),
                     )
@@ -362,6 +385,7 @@ pub async fn completions(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse(&body(b)?)?;
+    reject_unknown(&req.unknown)?;
     s.check_model(req.gen.model.as_deref())?;
     let p = req.gen.validate(false)?;
     tracing::debug!(user = req.gen.user.as_deref(), "completion request");
@@ -424,7 +448,7 @@ pub async fn completions(
             };
             match kind {
                 Chunk::Start(_) => Value::Null,
-                Chunk::Text(i, t) => {
+                Chunk::Text(i, t, _) => {
                     base(json!([{"index": i, "text": t, "logprobs": null, "finish_reason": null}]))
                 }
                 Chunk::End(i, d, top) => {
@@ -473,7 +497,9 @@ pub async fn completions(
 /// What a stream chunk carries; the endpoint turns it into its JSON.
 enum Chunk {
     Start(usize),
-    Text(usize, String),
+    /// Text and the log-probabilities of the tokens behind it (top-k, when
+    /// asked for).
+    Text(usize, String, Option<(usize, Vec<Sampled>)>),
     /// Finish of a choice, with the logprobs to report (top-k) if asked.
     End(usize, ChoiceDone, Option<usize>),
     Usage(Tally),
@@ -501,14 +527,19 @@ fn stream(
             let mut cached = 0;
             while let Some(ev) = rx.recv().await {
                 let ok = match ev {
-                    Event::Text { index, text } => {
+                    Event::Text {
+                        index,
+                        text,
+                        logprobs,
+                    } => {
                         let i = pi * p.n + index;
                         let mut ok = true;
                         if !started[index] {
                             started[index] = true;
                             ok = send(chunk(Chunk::Start(i)));
                         }
-                        ok && send(chunk(Chunk::Text(i, text)))
+                        let lp = p.logprobs.map(|k| (k, logprobs));
+                        ok && send(chunk(Chunk::Text(i, text, lp)))
                     }
                     Event::Done { index, done } => {
                         let i = pi * p.n + index;

@@ -44,6 +44,8 @@ pub struct GenFields {
     /// Chat: a bool; completions: the number of top alternatives.
     pub logprobs: Option<Value>,
     pub top_logprobs: Option<i64>,
+    /// Token id (a decimal string) -> bias in [-100, 100].
+    pub logit_bias: Option<Value>,
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
@@ -78,6 +80,9 @@ pub struct ChatRequest {
     pub tools: Option<Value>,
     #[serde(flatten)]
     pub gen: GenFields,
+    /// Every other field: refused (see [`reject_unknown`]).
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, Value>,
 }
 
 #[derive(Deserialize)]
@@ -96,6 +101,9 @@ pub struct CompletionRequest {
     pub echo: bool,
     #[serde(flatten)]
     pub gen: GenFields,
+    /// Every other field: refused (see [`reject_unknown`]).
+    #[serde(flatten)]
+    pub unknown: serde_json::Map<String, Value>,
 }
 
 #[derive(Deserialize)]
@@ -142,6 +150,29 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
         .map_err(|e| ApiError::invalid(format!("invalid request: {e}"), None))
 }
 
+/// Refuses fields the server does not implement, naming them: a client that
+/// asks for something (`response_format`, `tool_choice`, `best_of` ...)
+/// must not silently get something else.
+pub fn reject_unknown(unknown: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+    let Some(first) = unknown.keys().next() else {
+        return Ok(());
+    };
+    let names: Vec<&str> = unknown.keys().map(String::as_str).collect();
+    Err(ApiError {
+        param: Some(first.clone().into()),
+        ..ApiError::invalid(
+            format!(
+                "unsupported request field{} {}: ferrum does not implement {}; remove {}",
+                if names.len() > 1 { "s" } else { "" },
+                names.join(", "),
+                if names.len() > 1 { "them" } else { "it" },
+                if names.len() > 1 { "them" } else { "it" },
+            ),
+            None,
+        )
+    })
+}
+
 /// What generation needs from a request, validated.
 pub struct GenParams {
     pub max_tokens: Option<usize>,
@@ -169,6 +200,36 @@ fn range(
             Some(name),
         )),
     }
+}
+
+/// OpenAI's `logit_bias`: an object from token ids (decimal strings) to
+/// numbers in [-100, 100]. Whether the ids are in the vocabulary is checked
+/// where the tokenizer is known.
+fn logit_bias(v: Option<&Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |m: String| ApiError::invalid(m, Some("logit_bias"));
+    let map = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Object(m)) => m,
+        Some(_) => {
+            return Err(bad(
+                "logit_bias must be an object from token ids to numbers".into(),
+            ))
+        }
+    };
+    map.iter()
+        .map(|(k, b)| {
+            let id = k
+                .trim()
+                .parse::<u32>()
+                .map_err(|_| bad(format!("logit_bias key {k:?} is not a token id")))?;
+            match b.as_f64() {
+                Some(x) if (-100.0..=100.0).contains(&x) => Ok((id, x as f32)),
+                _ => Err(bad(format!(
+                    "logit_bias of token {id} is {b}; it must be a number between -100 and 100"
+                ))),
+            }
+        })
+        .collect()
 }
 
 impl GenFields {
@@ -283,6 +344,7 @@ impl GenFields {
             // The sampler reports at least the chosen token's logprob when
             // asked for alternatives; 1 gets us that token's own logprob.
             top_logprobs: logprobs.map_or(0, |k| k.max(1)),
+            logit_bias: logit_bias(self.logit_bias.as_ref())?,
         };
         if sampling.top_p == 0.0 {
             return Err(ApiError::invalid(
@@ -399,6 +461,38 @@ mod tests {
     }
 
     #[test]
+    fn unknown_fields_are_refused_by_name() {
+        let req: ChatRequest = parse(
+            br#"{"messages": [], "temperature": 0, "response_format": {"type": "json_object"}, "best_of": 2}"#,
+        )
+        .unwrap();
+        let e = reject_unknown(&req.unknown).unwrap_err();
+        assert!(e.message.contains("response_format") && e.message.contains("best_of"));
+        assert!(e.param.is_some());
+        let req: CompletionRequest = parse(
+            br#"{"prompt": "x", "echo": true, "user": "u", "seed": 1, "logit_bias": {"3": 1}, "stream_options": {"include_usage": true}}"#,
+        )
+        .unwrap();
+        assert!(reject_unknown(&req.unknown).is_ok(), "{:?}", req.unknown);
+    }
+
+    #[test]
+    fn logit_bias_is_parsed_and_checked() {
+        let mut p = gen(r#"{"logit_bias": {"5": -100, "7": 2.5}}"#).unwrap();
+        p.sampling.logit_bias.sort_by_key(|b| b.0);
+        assert_eq!(p.sampling.logit_bias, vec![(5, -100.0), (7, 2.5)]);
+        for body in [
+            r#"{"logit_bias": {"5": 101}}"#,
+            r#"{"logit_bias": {"x": 1}}"#,
+            r#"{"logit_bias": {"5": "big"}}"#,
+            r#"{"logit_bias": [5]}"#,
+        ] {
+            let e = gen(body).err().unwrap();
+            assert_eq!(e.param.as_deref(), Some("logit_bias"), "{body}");
+        }
+    }
+
+    #[test]
     fn out_of_range_fields_are_named() {
         for (body, field) in [
             (r#"{"temperature": 2.5}"#, "temperature"),
@@ -412,7 +506,7 @@ mod tests {
         ] {
             let e = gen(body).err().unwrap();
             assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
-            assert_eq!(e.param, Some(field), "{body}");
+            assert_eq!(e.param.as_deref(), Some(field), "{body}");
         }
         for body in ["{", "[]", r#"{"temperature": "hot"}"#, r#"{"stream": 1}"#] {
             assert!(gen(body).is_err(), "{body}");

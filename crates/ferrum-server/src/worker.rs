@@ -25,8 +25,17 @@ pub struct Job {
 
 /// What the server reports for a job, in order per choice.
 pub enum Event {
-    Text { index: usize, text: String },
-    Done { index: usize, done: ChoiceDone },
+    /// New text, with the log-probabilities of the tokens that produced it
+    /// (those since the previous text; empty unless asked for).
+    Text {
+        index: usize,
+        text: String,
+        logprobs: Vec<Sampled>,
+    },
+    Done {
+        index: usize,
+        done: ChoiceDone,
+    },
     Failed(String),
 }
 
@@ -36,6 +45,8 @@ pub struct ChoiceDone {
     /// Prompt tokens whose KV came from the prefix cache.
     pub cached: usize,
     pub logprobs: Vec<Sampled>,
+    /// How many of `logprobs` went out with `Text` events already.
+    pub streamed: usize,
     /// The prompt's tokens after the first, when asked for.
     pub prompt_logprobs: Vec<Sampled>,
 }
@@ -102,6 +113,17 @@ async fn forward(
 ) {
     use ferrum_engine::Event as E;
     let (mut logprobs, mut prompt_logprobs) = (Vec::new(), Vec::new());
+    // Entries of `logprobs` already sent with a text.
+    let mut streamed = 0;
+    let mut text_event = |text: String, logprobs: &[Sampled]| {
+        let ev = Event::Text {
+            index,
+            text,
+            logprobs: logprobs[streamed..].to_vec(),
+        };
+        streamed = logprobs.len();
+        ev
+    };
     loop {
         let ev = tokio::select! {
             _ = out.closed() => return,
@@ -110,9 +132,9 @@ async fn forward(
         let sent = match ev {
             Some(E::Token { text, logprob, .. }) => {
                 logprobs.extend(logprob);
-                text.is_empty() || out.send(Event::Text { index, text }).is_ok()
+                text.is_empty() || out.send(text_event(text, &logprobs)).is_ok()
             }
-            Some(E::Text(text)) => out.send(Event::Text { index, text }).is_ok(),
+            Some(E::Text(text)) => out.send(text_event(text, &logprobs)).is_ok(),
             Some(E::PromptLogprobs(p)) => {
                 prompt_logprobs = p;
                 true
@@ -123,6 +145,7 @@ async fn forward(
                     tokens: c.completion_tokens,
                     cached: c.cached_tokens,
                     logprobs: std::mem::take(&mut logprobs),
+                    streamed,
                     prompt_logprobs: std::mem::take(&mut prompt_logprobs),
                 };
                 let _ = out.send(Event::Done { index, done });

@@ -193,7 +193,10 @@ fn measure_all(args: BenchArgs) -> Result<()> {
             let name = path
                 .file_name()
                 .map_or_else(|| args.model.clone(), |n| n.to_string_lossy().into_owned());
-            (name, files.load_llm(args.device, &args.kv.pool())?)
+            (
+                name,
+                files.load_llm(args.device, &args.kv.pool(args.device)?)?,
+            )
         }
     };
     let mut model = KvManaged::new(model);

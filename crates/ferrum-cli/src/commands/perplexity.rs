@@ -46,7 +46,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
     let tokens = tok.encode(&text, true, false)?;
-    let mut model = KvManaged::new(files.load_llm(args.device, &args.kv.pool())?);
+    let mut model = KvManaged::new(files.load_llm(args.device, &args.kv.pool(args.device)?)?);
     if args.ctx > model.kv_capacity() {
         bail!(
             "--ctx {} exceeds the KV capacity {} (set FERRUM_KV_CAPACITY)",

@@ -89,9 +89,10 @@ pub fn run(args: RunArgs) -> Result<()> {
             args.model
         );
     }
-    let model = files.load_llm(args.device, &args.kv.pool())?;
+    let pool = args.kv.pool(args.device)?;
+    let model = files.load_llm(args.device, &pool)?;
     let tok = Arc::new(tok);
-    let spec = args.spec.load(args.device)?;
+    let spec = args.spec.load(args.device, &pool)?;
     let engine = Engine::start_with(model, tok.clone(), EngineConfig::default(), spec)?;
     // Ctrl-C stops the answer being generated; at the input prompt it exits.
     let generating = Arc::new(AtomicBool::new(false));

@@ -112,17 +112,20 @@ pub fn run(args: ServeArgs) -> Result<()> {
         },
         webui: !args.no_webui,
     };
-    let pool = args.kv.pool();
+    let pool = args.kv.pool(args.device)?;
     let loader = Box::new(move || -> Result<LoadedModel, String> {
         let load = || -> Result<LoadedModel> {
             if path.is_dir() && matches!(registry::hf_family(&path), Ok(Family::Bert)) {
+                if args.device != Device::Cpu {
+                    bail!("embedding models run on the CPU only; leave out --device");
+                }
                 return Ok(LoadedModel::Embedding(Embedder::<CpuBackend>::load(&path)?));
             }
             let files = ModelFiles::open(&path)?;
             Ok(LoadedModel::Llm {
                 tokenizer: files.tokenizer()?,
                 model: files.load_llm(args.device, &pool)?,
-                speculation: args.spec.load(args.device)?,
+                speculation: args.spec.load(args.device, &pool)?,
             })
         };
         load().map_err(|e| format!("{e:#}"))

@@ -175,6 +175,8 @@ impl Engine {
             return Err(FerrumError::invalid("the prompt is empty"));
         }
         self.tok.check_ids(&req.prompt)?;
+        let biased: Vec<u32> = req.sampling.logit_bias.iter().map(|b| b.0).collect();
+        self.tok.check_ids(&biased)?;
         if req.prompt.len() >= self.capacity {
             return Err(FerrumError::ContextOverflow {
                 needed: req.prompt.len() + 1,

@@ -1,0 +1,91 @@
+"""Request options that change what is generated: each does what it says."""
+import json
+import urllib.request
+
+import openai
+import pytest
+
+MODEL = "smollm2"
+
+
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def post(server, path, body):
+    req = urllib.request.Request(server.url + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def token_ids(server, text):
+    code, r = post(server, "/tokenize", {"model": MODEL, "prompt": text, "add_special_tokens": False})
+    assert code == 200
+    return r["tokens"]
+
+
+def test_logit_bias_forces_and_bans_tokens(chat_server):
+    c = client(chat_server)
+    [blue] = token_ids(chat_server, " blue")
+    forced = c.completions.create(model=MODEL, prompt="My favourite colour is", max_tokens=4, temperature=0,
+                                  logit_bias={str(blue): 100})
+    assert forced.choices[0].text == " blue" * 4
+    plain = c.completions.create(model=MODEL, prompt="My favourite colour is", max_tokens=1, temperature=0)
+    first = token_ids(chat_server, plain.choices[0].text)[0]
+    banned = c.completions.create(model=MODEL, prompt="My favourite colour is", max_tokens=1, temperature=0,
+                                  logit_bias={str(first): -100})
+    assert banned.choices[0].text != plain.choices[0].text
+    assert token_ids(chat_server, banned.choices[0].text)[0] != first
+    chat = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name a colour."}],
+                                     max_tokens=3, temperature=0, logit_bias={str(blue): 100})
+    assert chat.choices[0].message.content == " blue" * 3
+
+
+@pytest.mark.parametrize("bias", [{"999999999": 5}, {"12": 150}, {"12": "high"}, {"abc": 1}, [1, 2]])
+def test_bad_logit_bias_is_400(chat_server, bias):
+    code, r = post(chat_server, "/v1/completions", {"model": MODEL, "prompt": "x", "logit_bias": bias})
+    assert code == 400, r
+    assert r["error"]["param"] == "logit_bias" and r["error"]["message"]
+
+
+def test_streamed_chat_logprobs_come_with_each_token(chat_server):
+    c = client(chat_server)
+    args = dict(model=MODEL, messages=[{"role": "user", "content": "Name three colors."}], max_tokens=12,
+                temperature=0, logprobs=True, top_logprobs=2)
+    plain = c.chat.completions.create(**args)
+    chunks = list(c.chat.completions.create(stream=True, **args))
+    streamed = []
+    for ch in chunks:
+        if not ch.choices:
+            continue
+        ch = ch.choices[0]
+        if ch.delta.content:
+            # Each piece of text arrives with the entries of its tokens.
+            assert ch.logprobs is not None and ch.logprobs.content, ch
+            assert "".join(e.token for e in ch.logprobs.content) == ch.delta.content
+        if ch.logprobs is not None:
+            streamed.extend(ch.logprobs.content)
+    want = plain.choices[0].logprobs.content
+    assert [e.token for e in streamed] == [e.token for e in want]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in want], abs=1e-5)
+    assert all(len(e.top_logprobs) == 2 for e in streamed)
+
+
+@pytest.mark.parametrize("path,extra", [
+    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}),
+    ("/v1/chat/completions", {"tool_choice": "required"}),
+    ("/v1/completions", {"best_of": 3}),
+    ("/v1/completions", {"suffix": "}"}),
+])
+def test_unimplemented_fields_are_400_naming_them(chat_server, path, extra):
+    body = {"model": MODEL, "max_tokens": 2}
+    body.update({"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"})
+    body.update(extra)
+    code, r = post(chat_server, path, body)
+    assert code == 400, r
+    [name] = extra
+    assert r["error"]["param"] == name and name in r["error"]["message"]
