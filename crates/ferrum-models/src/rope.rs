@@ -14,6 +14,11 @@ pub enum RopeScaling {
     Linear {
         factor: f32,
     },
+    /// Each pair's frequency divided by its own factor: how GGUF files
+    /// carry Llama 3.1+ scaling (the `rope_freqs.weight` tensor, llama.cpp's
+    /// `freq_factors`, which its converter derives from the `llama3`
+    /// parameters).
+    Factors(Vec<f32>),
     /// Llama 3.1's frequency-dependent scaling.
     Llama3 {
         factor: f32,
@@ -70,6 +75,7 @@ impl RopeSpec {
                 match self.scaling {
                     RopeScaling::None => base,
                     RopeScaling::Linear { factor } => base / factor,
+                    RopeScaling::Factors(ref f) => base / f.get(i).copied().unwrap_or(1.0),
                     RopeScaling::Llama3 {
                         factor,
                         low_freq_factor,

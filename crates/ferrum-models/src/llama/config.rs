@@ -59,6 +59,29 @@ pub struct LlamaConfig {
     pub final_softcap: Option<f32>,
 }
 
+/// The per-pair frequency factors of a GGUF file's `rope_freqs.weight`
+/// (Llama 3.1+), if it has them: `head_dim / 2` positive f32 values.
+fn rope_freqs(g: &GgufFile, head_dim: usize) -> Result<Option<Vec<f32>>> {
+    const NAME: &str = "rope_freqs.weight";
+    let Some(t) = g.tensor(NAME) else {
+        return Ok(None);
+    };
+    if t.numel() != (head_dim / 2) as u64 {
+        return Err(g.error(format!(
+            "{NAME} has {} values; a head of {head_dim} needs {}",
+            t.numel(),
+            head_dim / 2
+        )));
+    }
+    let mut f = vec![0f32; head_dim / 2];
+    ferrum_kernels::quant::dequantize(t.ty, g.tensor_data(t), &mut f)
+        .map_err(|e| g.error(format!("{NAME}: {e}")))?;
+    if let Some(v) = f.iter().find(|v| !(v.is_finite() && **v > 0.0)) {
+        return Err(g.error(format!("{NAME} holds {v}; its factors must be positive")));
+    }
+    Ok(Some(f))
+}
+
 fn bad(what: impl Into<String>) -> FerrumError {
     FerrumError::invalid(what.into())
 }
@@ -162,7 +185,10 @@ impl LlamaConfig {
             Some("linear") => RopeScaling::Linear {
                 factor: g.get_f64(&key("rope.scaling.factor")).unwrap_or(1.0) as f32,
             },
-            _ => RopeScaling::None,
+            _ => match rope_freqs(g, head_dim)? {
+                Some(f) => RopeScaling::Factors(f),
+                None => RopeScaling::None,
+            },
         };
         let gemma = arch == Arch::Gemma3;
         let sliding_window = u("attention.sliding_window").unwrap_or(0);

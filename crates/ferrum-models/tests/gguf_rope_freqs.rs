@@ -1,0 +1,140 @@
+//! Llama 3.1+ RoPE scaling in GGUF files: the `rope_freqs.weight` factors
+//! llama.cpp's converter writes in place of the `llama3` parameters.
+//!
+//! `scripts/hf_llama_to_gguf.py` (run by `.ci/run`) converts the
+//! `hf-tiny/llama-rope-scaling` fixture into `target/fixtures/
+//! llama-rope-scaling.gguf` the way llama.cpp's converter does. Ferrum on
+//! that file must give the logits llama.cpp computed on it
+//! (`data/llama-rope-scaling.llama-cpp.json`, from
+//! `scripts/llama_cpp_logits.py`), Ferrum's on the safetensors folder and
+//! transformers' (`reference.json`).
+//!
+//! Tolerance: 1e-4 of the largest logit, as in `hf_fixtures.rs` (f32
+//! weights and K/V everywhere; the references differ from us only in the
+//! order of f32 sums).
+
+#![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
+
+use std::path::{Path, PathBuf};
+
+use ferrum_formats::gguf::GgufFile;
+use ferrum_kernels::CpuBackend;
+use ferrum_models::llama::LlamaModel;
+use ferrum_models::{KvDtype, KvManaged, KvPoolConfig, PagedLlm};
+use serde_json::Value;
+
+const REL_TOL: f32 = 1e-4;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `../shared` beside the checkout, or where `FERRUM_SHARED` points.
+fn shared() -> PathBuf {
+    std::env::var_os("FERRUM_SHARED").map_or_else(|| root().join("../shared"), PathBuf::from)
+}
+
+fn json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+/// Logits of every prompt position, `[len, vocab]` row-major.
+fn all_logits<M: PagedLlm>(m: M, ids: &[u32]) -> Vec<f32> {
+    KvManaged::new(m).try_verify("p", ids).unwrap()
+}
+
+/// `got` (all positions) against a reference's last row and top-5 per
+/// position, within `REL_TOL` of the reference's largest logit.
+fn check(name: &str, got: &[f32], r: &Value) {
+    let last = floats(&r["logits_last"]);
+    let vocab = last.len();
+    let scale = last.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let tol = REL_TOL * scale;
+    let rows: Vec<&[f32]> = got.chunks_exact(vocab).collect();
+    let worst = rows[rows.len() - 1]
+        .iter()
+        .zip(&last)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        worst <= tol,
+        "{name}: last logits differ by {worst} (tol {tol})"
+    );
+    for (p, top) in r["logits_all_top5"].as_array().unwrap().iter().enumerate() {
+        let ids = top["ids"].as_array().unwrap();
+        for (id, want) in ids.iter().zip(floats(&top["logits"])) {
+            let g = rows[p][id.as_u64().unwrap() as usize];
+            assert!(
+                (g - want).abs() <= tol,
+                "{name}: position {p}, token {id}: {g} vs {want}"
+            );
+        }
+    }
+}
+
+#[test]
+fn rope_freqs_from_gguf_match_llama_cpp_transformers_and_safetensors() {
+    let gguf = root().join("target/fixtures/llama-rope-scaling.gguf");
+    let hf = shared().join("fixtures/hf-tiny/llama-rope-scaling");
+    if !hf.is_dir() {
+        eprintln!("skipping: {} not found", hf.display());
+        return;
+    }
+    if !gguf.is_file() {
+        // CI generates the file first; anywhere else, say how to.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{} is missing in CI",
+            gguf.display()
+        );
+        eprintln!(
+            "skipping: run `python scripts/hf_llama_to_gguf.py {} {}` first",
+            hf.display(),
+            gguf.display()
+        );
+        return;
+    }
+    let pool = KvPoolConfig {
+        dtype: KvDtype::F32,
+        ..KvPoolConfig::default()
+    };
+    let transformers = json(&hf.join("reference.json"));
+    let llama_cpp =
+        json(&root().join("crates/ferrum-models/tests/data/llama-rope-scaling.llama-cpp.json"));
+    let ids: Vec<u32> = transformers["input_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(llama_cpp["input_ids"], transformers["input_ids"]);
+
+    let file = GgufFile::open(&gguf).unwrap();
+    let from_gguf = all_logits(
+        LlamaModel::<CpuBackend>::from_gguf_with(&file, &pool).unwrap(),
+        &ids,
+    );
+    let from_hf = all_logits(
+        LlamaModel::<CpuBackend>::from_hf_dir_with(&hf, &pool).unwrap(),
+        &ids,
+    );
+
+    check("GGUF vs llama.cpp", &from_gguf, &llama_cpp);
+    check("GGUF vs transformers", &from_gguf, &transformers);
+    let scale = from_hf.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = from_gguf
+        .iter()
+        .zip(&from_hf)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        worst <= REL_TOL * scale,
+        "GGUF vs safetensors: logits differ by {worst} (scale {scale})"
+    );
+}
