@@ -294,6 +294,22 @@ fn speculative_decoding_keeps_greedy_output() {
             accepted > 0 && accepted <= drafted,
             "{accepted} of {drafted}"
         );
+        // All at once: every decoding sequence of the batch speculates, and
+        // each still gets exactly its greedy tokens.
+        let rxs: Vec<_> = prompts
+            .iter()
+            .map(|p| e.submit(request(&tok, p, 48)).unwrap())
+            .collect();
+        for ((rx, w), p) in rxs.into_iter().zip(&want).zip(&prompts) {
+            // (Their prompts are in the prefix cache by now.)
+            let got = collect(rx);
+            assert_eq!(
+                (&got.tokens, got.done.finish),
+                (&w.tokens, w.done.finish),
+                "{p:?} batched with speculation"
+            );
+        }
+        assert!(s.get(&s.drafted) > drafted, "the batch speculated");
         // Sampled requests take the accept/reject path; they must finish.
         let mut r = request(&tok, prompts[0], 24);
         r.sampling = SamplingParams {

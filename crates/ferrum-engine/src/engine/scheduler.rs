@@ -33,12 +33,14 @@ use crate::finish::FinishReason;
 /// 300 MB of them).
 const SCORE_CHUNK: usize = 64;
 
-/// One sequence's share of a step: `tokens` new positions.
-#[derive(Clone, Copy)]
+/// One sequence's share of a step: `tokens` new positions, and for a
+/// decode that speculates, the draft tokens verified after its pending one.
+#[derive(Clone)]
 struct Planned {
     /// Index into `running`.
     seq: usize,
     tokens: usize,
+    draft: Vec<u32>,
 }
 
 pub(super) struct Loop<'t> {
@@ -106,10 +108,8 @@ impl<'t> Loop<'t> {
             if plan.is_empty() {
                 continue;
             }
-            match self.draft(&plan) {
-                Some(draft) => self.execute_speculative(draft),
-                None => self.execute(&plan),
-            }
+            let plan = self.draft(plan);
+            self.execute(&plan);
             self.publish();
         }
     }
@@ -188,7 +188,11 @@ impl<'t> Loop<'t> {
                 let n = fit(&mut self.kv, &mut self.copies, s, budget.min(chunk(s)));
                 if n > 0 {
                     budget -= n;
-                    plan.push(Planned { seq: i, tokens: n });
+                    plan.push(Planned {
+                        seq: i,
+                        tokens: n,
+                        draft: Vec::new(),
+                    });
                 }
             }
         }
@@ -226,7 +230,11 @@ impl<'t> Loop<'t> {
                     p.seq += 1;
                 }
             }
-            plan.push(Planned { seq: i, tokens: n });
+            plan.push(Planned {
+                seq: i,
+                tokens: n,
+                draft: Vec::new(),
+            });
         }
         if plan.is_empty() && !self.running.is_empty() {
             // Nothing fits although requests are running: only possible when
@@ -286,6 +294,7 @@ impl<'t> Loop<'t> {
         } else {
             let (scoring, batched): (Vec<Planned>, Vec<Planned>) = plan
                 .iter()
+                .cloned()
                 .partition(|p| self.running[p.seq].scores_prompt());
             for p in &scoring {
                 ended.extend(self.score_chunk(p));
@@ -340,27 +349,41 @@ impl<'t> Loop<'t> {
         s.on_logits(last).map(|_| (p.seq, None))
     }
 
-    /// One forward pass over `plan`'s chunks and decodes; samples where a
-    /// sequence's input is complete.
+    /// One forward pass over `plan`'s chunks and decodes (with their drafts,
+    /// where they speculate); samples where a sequence's input is complete.
     fn run_batch(&mut self, plan: &[Planned], ended: &mut Vec<(usize, Option<String>)>) {
         let fail_all = |ended: &mut Vec<_>, msg: &str| {
             ended.extend(plan.iter().map(|p| (p.seq, Some(msg.to_string()))));
         };
         metrics::histogram!("ferrum_batch_tokens")
-            .record(plan.iter().map(|p| p.tokens).sum::<usize>() as f64);
+            .record(plan.iter().map(|p| p.tokens + p.draft.len()).sum::<usize>() as f64);
+        // A speculating decode feeds its pending token and its drafts.
+        let fed: Vec<Vec<u32>> = plan
+            .iter()
+            .map(|p| match p.draft.is_empty() {
+                true => Vec::new(),
+                false => {
+                    let s = &self.running[p.seq];
+                    std::iter::once(s.tokens[s.computed])
+                        .chain(p.draft.iter().copied())
+                        .collect()
+                }
+            })
+            .collect();
         let (kv, running) = (&self.kv, &self.running);
-        let items = plan.iter().map(|p| {
+        let items = plan.iter().zip(&fed).map(|(p, fed)| {
             let s = &running[p.seq];
             let end = s.computed + p.tokens;
+            let (tokens, logits) = match (fed.is_empty(), end == s.tokens.len()) {
+                (false, _) => (&fed[..], LogitsWanted::All),
+                (true, true) => (&s.tokens[s.computed..end], LogitsWanted::Last),
+                (true, false) => (&s.tokens[s.computed..end], LogitsWanted::None),
+            };
             BatchItem {
-                tokens: &s.tokens[s.computed..end],
+                tokens,
                 pos: s.computed,
                 block_table: kv.table(&s.id),
-                logits: if end == s.tokens.len() {
-                    LogitsWanted::Last
-                } else {
-                    LogitsWanted::None
-                },
+                logits,
             }
         });
         let (model, logits) = (self.model.as_mut(), &mut self.logits);
@@ -369,9 +392,48 @@ impl<'t> Loop<'t> {
             return fail_all(ended, &e.to_string());
         }
         let vocab = self.model.config().vocab_size;
-        let mut rows = self.logits.chunks_exact_mut(vocab);
-        for p in plan {
+        let mut row = 0;
+        for (p, fed) in plan.iter().zip(&fed) {
             let s = &mut self.running[p.seq];
+            if !fed.is_empty() {
+                // Each fed position has a row; the drafts are accepted up to
+                // the first rejection, and the token emitted last (the
+                // correction or the bonus) stays pending.
+                if (row + fed.len()) * vocab > self.logits.len() {
+                    ended.push((p.seq, Some("internal error: logits missing".into())));
+                    continue;
+                }
+                self.kv.commit(&s.id, fed);
+                let (mut accepted, mut finished) = (0, None);
+                for (j, l) in self.logits[row * vocab..(row + fed.len()) * vocab]
+                    .chunks_exact_mut(vocab)
+                    .enumerate()
+                {
+                    let Some(&d) = p.draft.get(j) else {
+                        finished = s.on_logits(l);
+                        break;
+                    };
+                    let (fin, ok) = s.on_draft(l, d);
+                    accepted += usize::from(ok);
+                    finished = fin;
+                    if fin.is_some() || !ok {
+                        break;
+                    }
+                }
+                row += fed.len();
+                s.computed += 1 + accepted;
+                self.kv.truncate(&s.id, s.computed);
+                self.stats
+                    .drafted
+                    .fetch_add(p.draft.len(), Ordering::SeqCst);
+                self.stats.accepted.fetch_add(accepted, Ordering::SeqCst);
+                metrics::counter!("ferrum_spec_draft_tokens_total").increment(p.draft.len() as u64);
+                metrics::counter!("ferrum_spec_accepted_tokens_total").increment(accepted as u64);
+                if finished.is_some() {
+                    ended.push((p.seq, None));
+                }
+                continue;
+            }
             let end = s.computed + p.tokens;
             self.kv.commit(&s.id, &s.tokens[s.computed..end]);
             s.computed = end;
@@ -379,102 +441,54 @@ impl<'t> Loop<'t> {
                 continue;
             }
             // The model returns exactly one row per final chunk.
-            let Some(l) = rows.next() else {
+            let Some(l) = self.logits.get_mut(row * vocab..(row + 1) * vocab) else {
                 ended.push((p.seq, Some("internal error: logits missing".into())));
                 continue;
             };
+            row += 1;
             if s.on_logits(l).is_some() {
                 ended.push((p.seq, None));
             }
         }
     }
 
-    /// Draft tokens for this step, when it speculates (their blocks
-    /// reserved): speculation runs when one request is decoding alone.
-    /// Decoding one sequence is memory-bound and leaves the cores idle, so
-    /// verifying k drafts costs about one step; a batch of decodes already
-    /// uses the compute, and verifying per sequence would undo the
-    /// batching.
-    fn draft(&mut self, plan: &[Planned]) -> Option<Vec<u32>> {
-        let spec = self.spec.as_mut()?;
-        let [p] = plan else {
-            return None;
+    /// Gives each decode of `plan` its draft tokens where the step
+    /// speculates (their blocks reserved). Every decoding sequence of the
+    /// batch speculates: its pending token and drafts are verified in the
+    /// one forward pass with the rest of the batch. Decoding is memory-bound
+    /// (the weights are read once per step whatever the rows), so verified
+    /// drafts cost little while the batch is small; `--spec-tokens` bounds
+    /// the extra rows.
+    fn draft(&mut self, mut plan: Vec<Planned>) -> Vec<Planned> {
+        let Some(spec) = self.spec.as_mut() else {
+            return plan;
         };
-        let s = &self.running[p.seq];
-        if self.running.len() != 1 || s.pending() != 1 {
-            return None;
-        }
-        // The last drafted position still needs room for its own logits.
-        let k = spec.tokens.min(s.remaining().saturating_sub(1));
-        if k == 0 {
-            return None;
-        }
-        let draft = match spec.propose(&s.id, &s.tokens, k) {
-            Ok(d) if !d.is_empty() => d,
-            Ok(_) => return None,
-            Err(e) => {
-                tracing::error!("the draft model failed ({e}); decoding without speculation");
-                return None;
+        for p in &mut plan {
+            let s = &self.running[p.seq];
+            if s.pending() != 1 || s.scores_prompt() {
+                continue;
             }
-        };
-        let copies = self.kv.reserve(&s.id, s.computed + 1 + draft.len()).ok()?;
-        self.copies.extend(copies);
-        Some(draft)
-    }
-
-    /// Runs the one decoding sequence's pending token plus `draft` in one
-    /// pass, emits the accepted drafts and the model's own next token, and
-    /// rolls the KV cache back past the first rejected draft.
-    fn execute_speculative(&mut self, draft: Vec<u32>) {
-        let vocab = self.model.config().vocab_size;
-        if let Err(e) = self.copy_reserved() {
-            let s = self.running.remove(0);
-            return self.fail(s, &e.to_string());
-        }
-        let s = &mut self.running[0];
-        let pos = s.computed;
-        let mut toks = vec![s.tokens[pos]];
-        toks.extend_from_slice(&draft);
-        let item = BatchItem {
-            tokens: &toks,
-            pos,
-            block_table: self.kv.table(&s.id),
-            logits: LogitsWanted::All,
-        };
-        let done = guarded(self.model.as_mut(), &[item], &mut self.logits);
-        if let Err(e) = done {
-            tracing::error!("a speculative step failed: {e}");
-            let s = self.running.remove(0);
-            self.fail(s, &e.to_string());
-            return;
-        }
-        self.kv.commit(&s.id, &toks);
-        let mut accepted = 0;
-        let mut finished = None;
-        for (i, l) in self.logits.chunks_exact_mut(vocab).enumerate() {
-            if let Some(&d) = draft.get(i) {
-                let (fin, ok) = s.on_draft(l, d);
-                accepted += usize::from(ok);
-                finished = fin;
-                if fin.is_some() || !ok {
-                    break;
+            // The last drafted position still needs room for its own logits.
+            let k = spec.tokens.min(s.remaining().saturating_sub(1));
+            if k == 0 {
+                continue;
+            }
+            let draft = match spec.propose(&s.id, &s.tokens, k) {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::error!("the draft model failed ({e}); this step does not speculate");
+                    continue;
                 }
-            } else {
-                finished = s.on_logits(l);
+            };
+            if draft.is_empty() {
+                continue;
+            }
+            if let Ok(copies) = self.kv.reserve(&s.id, s.computed + 1 + draft.len()) {
+                self.copies.extend(copies);
+                p.draft = draft;
             }
         }
-        // The cache holds the fed token and the accepted drafts; the token
-        // emitted last (a correction or the bonus) is pending.
-        s.computed = pos + 1 + accepted;
-        self.kv.truncate(&s.id, s.computed);
-        self.stats.drafted.fetch_add(draft.len(), Ordering::SeqCst);
-        self.stats.accepted.fetch_add(accepted, Ordering::SeqCst);
-        metrics::counter!("ferrum_spec_draft_tokens_total").increment(draft.len() as u64);
-        metrics::counter!("ferrum_spec_accepted_tokens_total").increment(accepted as u64);
-        if finished.is_some() {
-            let mut s = self.running.remove(0);
-            self.release(&mut s);
-        }
+        plan
     }
 
     fn publish(&self) {
