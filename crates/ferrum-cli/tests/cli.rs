@@ -227,6 +227,35 @@ fn run_refuses_what_it_cannot_do() {
 }
 
 #[test]
+fn device_options_that_cannot_work_are_errors() {
+    // f16 K/V on CUDA (its kernels read f32): refused, in any build.
+    if let Some(m) = model("SmolLM2-135M-Instruct.Q4_1.gguf") {
+        let out = ferrum(&[
+            "run",
+            "--model",
+            &m,
+            "--device",
+            "cuda",
+            "--kv-cache-dtype",
+            "f16",
+            "--prompt",
+            "x",
+        ]);
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(
+            !out.status.success() && err.contains("--kv-cache-dtype f16"),
+            "{err}"
+        );
+    }
+    // Embedding models run on the CPU only.
+    if let Some(e) = model("all-MiniLM-L6-v2") {
+        let out = ferrum(&["serve", "--model", &e, "--device", "cuda", "--port", "0"]);
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(!out.status.success() && err.contains("CPU only"), "{err}");
+    }
+}
+
+#[test]
 fn perplexity_json_is_the_last_line() {
     let Some(m) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
         return;
