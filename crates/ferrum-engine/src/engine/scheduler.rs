@@ -35,7 +35,7 @@ const SCORE_CHUNK: usize = 64;
 
 /// Most decoding sequences in a step that still speculates. Measured with
 /// `ferrum bench serve` on 2 cores (SmolLM2, n-gram drafts, 90% accepted):
-/// verifying every decode's drafts gave +45% output tokens/s alone, +5% at
+/// verifying every decode's drafts gave +42% output tokens/s alone, +5% at
 /// 4 concurrent requests, and nothing or a loss at 16.
 const SPEC_MAX_DECODES: usize = 4;
 
