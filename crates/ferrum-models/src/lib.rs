@@ -11,10 +11,10 @@ pub mod registry;
 pub mod rope;
 
 pub use ferrum_kernels::KvDtype;
-pub use ferrum_kv::{BlockCopy, BlockManager, KvUsage};
+pub use ferrum_kv::{BlockCopy, BlockManager};
 pub use llm::{
     kv_capacity_from_env, DecoderOnlyLLM, KvPoolConfig, LlmRuntimeConfig, LoadProgress,
     KV_CACHE_TOKENS_ENV, KV_CAPACITY_ENV,
 };
 pub use managed::{KvManaged, PagedDecodeBackend, Segment};
-pub use paged::{check_tokens, with_items, BatchItem, KvPool, LogitsWanted, PagedLlm};
+pub use paged::{with_items, BatchItem, KvPool, LogitsWanted, PagedLlm};

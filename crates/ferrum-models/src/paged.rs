@@ -47,7 +47,7 @@ pub struct BatchItem<'a> {
 }
 
 impl BatchItem<'_> {
-    pub const EMPTY: BatchItem<'static> = BatchItem {
+    const EMPTY: BatchItem<'static> = BatchItem {
         tokens: &[],
         pos: 0,
         block_table: &[],
@@ -136,7 +136,12 @@ impl<M: PagedLlm + ?Sized> PagedLlm for Box<M> {
 
 /// `tokens` written from `pos`: not empty, inside the vocabulary, ending
 /// within `capacity`.
-pub fn check_tokens(tokens: &[u32], pos: usize, vocab: usize, capacity: usize) -> Result<()> {
+pub(crate) fn check_tokens(
+    tokens: &[u32],
+    pos: usize,
+    vocab: usize,
+    capacity: usize,
+) -> Result<()> {
     if tokens.is_empty() {
         return Err(FerrumError::invalid(
             "a batch item has no tokens to process",
