@@ -280,6 +280,9 @@ impl Sampler {
         for c in cand.iter_mut() {
             c.1 = c.1.exp();
         }
+        // Banned tokens (a grammar's mask, a -inf bias) have weight 0: they
+        // must not be drawn even when rounding leaves the draw at the end.
+        cand.retain(|c| c.1 > 0.0);
         let total: f32 = cand.iter().map(|c| c.1).sum();
         // top-p: sort only as far as needed, widening the sorted prefix.
         if p.top_p < 1.0 {

@@ -12,6 +12,8 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ferrum_engine::{FinishReason, Sampled};
+use ferrum_structured::tools::{Piece, ToolParser};
+use ferrum_structured::Constraint;
 use ferrum_tokenizer::chat::{ChatOptions, ChatTemplate, Message};
 use ferrum_tokenizer::Tokenizer;
 use serde_json::{json, Value};
@@ -23,6 +25,7 @@ use crate::error::ApiError;
 use crate::protocol::{
     parse, reject_unknown, ChatMessage, ChatRequest, CompletionRequest, GenParams, Prompt,
 };
+use crate::structured::{self, call_id, tool_calls_json, ToolSetup};
 use crate::worker::{ChoiceDone, Event, Job};
 use crate::{now, Ready, Shared};
 
@@ -65,7 +68,7 @@ pub fn render_chat(
             &m.role
         };
         let mut msg = Message::new(role, m.text()?);
-        msg.extra = m.extra.clone();
+        msg.extra = structured::template_extra(m);
         conv.push(msg);
     }
     let text_of = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or("").to_string();
@@ -95,6 +98,7 @@ fn submit(
     p: &GenParams,
     default_max: Option<usize>,
     prompt_logprobs: Option<usize>,
+    constraint: Option<Constraint>,
 ) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
     let Ready::Llm {
         jobs,
@@ -150,6 +154,7 @@ fn submit(
         sampling: p.sampling.clone(),
         stop: p.stop.clone(),
         prompt_logprobs,
+        constraint,
         events: tx,
     };
     if jobs.send(job).is_err() {
@@ -211,8 +216,8 @@ fn tally(choices: &[Choice], n: usize) -> Tally {
     }
 }
 
-fn finish_str(d: &Option<ChoiceDone>) -> &'static str {
-    match d.as_ref().map(|d| d.finish) {
+fn finish_str(f: Option<FinishReason>) -> &'static str {
+    match f {
         Some(FinishReason::Stop) => "stop",
         _ => "length",
     }
@@ -305,39 +310,103 @@ pub async fn chat(
         messages = req.messages.len(),
         "chat request"
     );
-    let Ready::Llm { tok, template, .. } = s.ready()? else {
+    let Ready::Llm {
+        tok,
+        template,
+        grammars,
+        ..
+    } = s.ready()?
+    else {
         return Err(ApiError::invalid(
             "this server runs an embedding model; use /v1/embeddings",
             Some("model"),
         ));
     };
     let tok = tok.clone();
-    let text = render_chat(template.as_ref(), &tok, &req.messages, req.tools.as_ref())?;
+    let spec = structured::output_spec(&req.gen)?;
+    let tools = structured::tool_setup(
+        req.tools.as_ref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+        tok.chat_template(),
+    )?;
+    let constraint = structured::constraint(grammars, spec, tools.as_ref())?;
+    // The template sees the tools unless tool_choice is "none".
+    let shown = tools.as_ref().and(req.tools.as_ref());
+    let text = render_chat(template.as_ref(), &tok, &req.messages, shown)?;
     let prompt = tok
         .encode(&text, false, true)
         .map_err(ApiError::from_model)?;
     let prompt_tokens = prompt.len();
-    let rx = submit(&s, prompt, "messages", &p, None, None)?;
+    let rx = submit(&s, prompt, "messages", &p, None, None, constraint)?;
     let id = s.request_id("chatcmpl");
     let created = now();
     let model = s.cfg.served_model_name.clone();
     if p.stream {
+        let mut parsers: Vec<Option<ToolParser>> = (0..p.n)
+            .map(|_| tools.as_ref().map(|t| ToolParser::new(t.format)))
+            .collect();
         return Ok(stream(vec![rx], p, move |kind| {
             let base = |choices: Value| {
                 json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
                        "system_fingerprint": fingerprint(), "choices": choices})
             };
+            let delta = |i: usize, delta: Value, lp: Value| {
+                base(json!([{"index": i, "delta": delta, "logprobs": lp, "finish_reason": null}]))
+            };
+            // Tool calls come out whole: a first chunk with the id and the
+            // name, then the arguments (as OpenAI streams them, in pieces
+            // the SDK joins).
+            let pieces = |i: usize, pieces: Vec<Piece>, calls_before: usize, lp: Value| {
+                let mut out = Vec::new();
+                let mut lp = Some(lp);
+                let mut k = calls_before;
+                for piece in pieces {
+                    match piece {
+                        Piece::Content(t) => {
+                            let l = lp.take().unwrap_or(Value::Null);
+                            out.push(delta(i, json!({"content": t}), l));
+                        }
+                        Piece::Call(c) => {
+                            let first = json!({"tool_calls": [{"index": k, "id": call_id(&id, k), "type": "function",
+                                              "function": {"name": c.name, "arguments": ""}}]});
+                            out.push(delta(i, first, Value::Null));
+                            let args = json!({"tool_calls": [{"index": k, "function": {"arguments": c.arguments}}]});
+                            out.push(delta(i, args, Value::Null));
+                            k += 1;
+                        }
+                    }
+                }
+                out
+            };
             match kind {
-                Chunk::Start(i) => base(
+                Chunk::Start(i) => vec![base(
                     json!([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
-                ),
+                )],
                 Chunk::Text(i, t, lp) => {
-                    let lp = lp.map(|(k, entries)| chat_logprobs(&tok, &entries, k));
-                    base(
-                        json!([{"index": i, "delta": {"content": t}, "logprobs": lp, "finish_reason": null}]),
-                    )
+                    let lp = lp
+                        .map(|(k, entries)| chat_logprobs(&tok, &entries, k))
+                        .unwrap_or(Value::Null);
+                    match &mut parsers[i] {
+                        Some(parser) => {
+                            let before = parser.calls;
+                            let got = parser.push(&t);
+                            pieces(i, got, before, lp)
+                        }
+                        None => vec![delta(i, json!({"content": t}), lp)],
+                    }
                 }
                 Chunk::End(i, d, top) => {
+                    let mut out = Vec::new();
+                    let mut finish = finish_str(Some(d.finish));
+                    if let Some(parser) = &mut parsers[i] {
+                        let before = parser.calls;
+                        let got = parser.finish();
+                        out.extend(pieces(i, got, before, Value::Null));
+                        if parser.calls > 0 {
+                            finish = "tool_calls";
+                        }
+                    }
                     // Tokens whose text never went out (the end of
                     // generation) report theirs here.
                     let end = d.tokens.min(d.logprobs.len());
@@ -345,14 +414,15 @@ pub async fn chat(
                     let lp = top
                         .filter(|_| !rest.is_empty())
                         .map(|k| chat_logprobs(&tok, rest, k));
-                    base(
-                        json!([{"index": i, "delta": {}, "logprobs": lp, "finish_reason": finish_str(&Some(d))}]),
-                    )
+                    out.push(base(
+                        json!([{"index": i, "delta": {}, "logprobs": lp, "finish_reason": finish}]),
+                    ));
+                    out
                 }
                 Chunk::Usage(t) => {
                     let mut v = base(json!([]));
                     v["usage"] = usage(prompt_tokens, t);
-                    v
+                    vec![v]
                 }
             }
         }));
@@ -369,8 +439,13 @@ pub async fn chat(
                 }
                 _ => Value::Null,
             };
-            json!({"index": i, "message": {"role": "assistant", "content": c.text, "refusal": null},
-                   "logprobs": lp, "finish_reason": finish_str(&c.done)})
+            let (message, finish) = chat_message(
+                &c.text,
+                tools.as_ref(),
+                &id,
+                finish_str(c.done.as_ref().map(|d| d.finish)),
+            );
+            json!({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
         })
         .collect();
     Ok(Json(json!({
@@ -378,6 +453,46 @@ pub async fn chat(
         "system_fingerprint": fingerprint(), "choices": choices, "usage": usage(prompt_tokens, counts),
     }))
     .into_response())
+}
+
+/// The assistant message for `text`, with its tool calls parsed out when
+/// the request offered tools; the finish reason becomes `tool_calls` when
+/// there are any.
+fn chat_message(
+    text: &str,
+    tools: Option<&ToolSetup>,
+    id: &str,
+    finish: &'static str,
+) -> (Value, &'static str) {
+    let Some(t) = tools else {
+        return (
+            json!({"role": "assistant", "content": text, "refusal": null}),
+            finish,
+        );
+    };
+    let mut parser = ToolParser::new(t.format);
+    let mut pieces = parser.push(text);
+    pieces.extend(parser.finish());
+    let mut content = String::new();
+    let mut calls = Vec::new();
+    for piece in pieces {
+        match piece {
+            Piece::Content(c) => content.push_str(&c),
+            Piece::Call(c) => calls.push(c),
+        }
+    }
+    if calls.is_empty() {
+        return (
+            json!({"role": "assistant", "content": content, "refusal": null}),
+            finish,
+        );
+    }
+    let content = Some(content.trim().to_string()).filter(|c| !c.is_empty());
+    (
+        json!({"role": "assistant", "content": content, "refusal": null,
+               "tool_calls": tool_calls_json(&calls, id, 0)}),
+        "tool_calls",
+    )
 }
 
 pub async fn completions(
@@ -389,13 +504,14 @@ pub async fn completions(
     s.check_model(req.gen.model.as_deref())?;
     let p = req.gen.validate(false)?;
     tracing::debug!(user = req.gen.user.as_deref(), "completion request");
-    let Ready::Llm { tok, .. } = s.ready()? else {
+    let Ready::Llm { tok, grammars, .. } = s.ready()? else {
         return Err(ApiError::invalid(
             "this server runs an embedding model; use /v1/embeddings",
             Some("model"),
         ));
     };
     let tok = tok.clone();
+    let constraint = structured::constraint(grammars, structured::output_spec(&req.gen)?, None)?;
     let prompts: Vec<Vec<u32>> = match req.prompt {
         Prompt::Text(t) => vec![tok.encode(&t, true, false).map_err(ApiError::from_model)?],
         Prompt::Texts(ts) if !ts.is_empty() => ts
@@ -435,7 +551,17 @@ pub async fn completions(
     // OpenAI's default for the legacy endpoint is 16 tokens.
     let rxs = prompts
         .into_iter()
-        .map(|ids| submit(&s, ids, "prompt", &p, Some(16), score_prompt))
+        .map(|ids| {
+            submit(
+                &s,
+                ids,
+                "prompt",
+                &p,
+                Some(16),
+                score_prompt,
+                constraint.clone(),
+            )
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let id = s.request_id("cmpl");
     let created = now();
@@ -446,15 +572,15 @@ pub async fn completions(
                 json!({"id": id, "object": "text_completion", "created": created, "model": model,
                        "system_fingerprint": fingerprint(), "choices": choices})
             };
-            match kind {
-                Chunk::Start(_) => Value::Null,
+            let v = match kind {
+                Chunk::Start(_) => return Vec::new(),
                 Chunk::Text(i, t, _) => {
                     base(json!([{"index": i, "text": t, "logprobs": null, "finish_reason": null}]))
                 }
                 Chunk::End(i, d, top) => {
                     let lp = top.map(|k| completion_logprobs(&tok, &generated(&d), k, 0));
                     base(
-                        json!([{"index": i, "text": "", "logprobs": lp, "finish_reason": finish_str(&Some(d))}]),
+                        json!([{"index": i, "text": "", "logprobs": lp, "finish_reason": finish_str(Some(d.finish))}]),
                     )
                 }
                 Chunk::Usage(t) => {
@@ -462,7 +588,8 @@ pub async fn completions(
                     v["usage"] = usage(prompt_tokens, t);
                     v
                 }
-            }
+            };
+            vec![v]
         }));
     }
     let n = p.n;
@@ -484,7 +611,7 @@ pub async fn completions(
                 (Some(k), Some(d)) => completion_logprobs(&tok, &generated(d), k, prefix.len()),
                 _ => Value::Null,
             };
-            json!({"index": i, "text": format!("{prefix}{}", c.text), "logprobs": lp, "finish_reason": finish_str(&c.done)})
+            json!({"index": i, "text": format!("{prefix}{}", c.text), "logprobs": lp, "finish_reason": finish_str(c.done.as_ref().map(|d| d.finish))})
         })
         .collect();
     Ok(Json(json!({
@@ -511,15 +638,13 @@ enum Chunk {
 fn stream(
     rxs: Vec<mpsc::UnboundedReceiver<Event>>,
     p: GenParams,
-    chunk: impl Fn(Chunk) -> Value + Send + 'static,
+    mut chunk: impl FnMut(Chunk) -> Vec<Value> + Send + 'static,
 ) -> Response {
     let (tx, out) = mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
     tokio::spawn(async move {
-        let send = |v: Value| {
-            if v.is_null() {
-                return true;
-            }
-            tx.send(Ok(SseEvent::default().data(v.to_string()))).is_ok()
+        let send = |vs: Vec<Value>| {
+            vs.into_iter()
+                .all(|v| tx.send(Ok(SseEvent::default().data(v.to_string()))).is_ok())
         };
         let mut counts = Tally::default();
         for (pi, mut rx) in rxs.into_iter().enumerate() {
@@ -554,7 +679,7 @@ fn stream(
                     }
                     Event::Failed(m) => {
                         let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m, None);
-                        let _ = send(e.body());
+                        let _ = send(vec![e.body()]);
                         false
                     }
                 };

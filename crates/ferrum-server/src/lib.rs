@@ -15,6 +15,7 @@ mod generation;
 mod guard;
 mod listen;
 mod protocol;
+mod structured;
 mod webui;
 mod worker;
 
@@ -33,6 +34,7 @@ pub use ferrum_engine::EngineConfig;
 use ferrum_engine::{Embedder, Engine, Speculation};
 use ferrum_kernels::CpuBackend;
 use ferrum_models::PagedLlm;
+use ferrum_structured::Grammars;
 use ferrum_tokenizer::chat::ChatTemplate;
 use ferrum_tokenizer::Tokenizer;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -100,6 +102,8 @@ enum Ready {
         jobs: mpsc::UnboundedSender<worker::Job>,
         tok: Arc<Tokenizer>,
         template: Option<ChatTemplate>,
+        /// Compiles output grammars (or why this model cannot have them).
+        grammars: Result<Arc<Grammars>, String>,
         capacity: usize,
         engine: Engine,
     },
@@ -286,6 +290,18 @@ impl Bound {
                             None => None,
                         };
                         let tok = Arc::new(tokenizer);
+                        let vocab = model.config().vocab_size;
+                        let started = std::time::Instant::now();
+                        let grammars = Grammars::new(tok.clone(), vocab)
+                            .map(Arc::new)
+                            .map_err(|e| e.to_string());
+                        match &grammars {
+                            Ok(_) => tracing::info!(
+                                "structured output ready (vocabulary indexed in {:.2} s)",
+                                started.elapsed().as_secs_f64()
+                            ),
+                            Err(e) => tracing::warn!("structured output is not available: {e}"),
+                        }
                         let cfg = state.cfg.engine.clone();
                         let engine = Engine::start_with(model, tok.clone(), cfg, speculation)
                             .map_err(|e| e.to_string())?;
@@ -294,6 +310,7 @@ impl Bound {
                             jobs,
                             tok,
                             template,
+                            grammars,
                             capacity,
                             engine,
                         }

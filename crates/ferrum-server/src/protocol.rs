@@ -50,6 +50,13 @@ pub struct GenFields {
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub user: Option<String>,
+    /// Structured output (see `structured.rs`): OpenAI's field, llama-server's
+    /// GBNF `grammar`, and vLLM's `guided_*` extensions.
+    pub response_format: Option<Value>,
+    pub grammar: Option<String>,
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -78,6 +85,8 @@ pub struct ChatMessage {
 pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
     pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
     #[serde(flatten)]
     pub gen: GenFields,
     /// Every other field: refused (see [`reject_unknown`]).
@@ -151,7 +160,7 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 }
 
 /// Refuses fields the server does not implement, naming them: a client that
-/// asks for something (`response_format`, `tool_choice`, `best_of` ...)
+/// asks for something (`best_of`, `suffix`, the legacy `functions` ...)
 /// must not silently get something else.
 pub fn reject_unknown(unknown: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
     let Some(first) = unknown.keys().next() else {
@@ -462,12 +471,10 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_refused_by_name() {
-        let req: ChatRequest = parse(
-            br#"{"messages": [], "temperature": 0, "response_format": {"type": "json_object"}, "best_of": 2}"#,
-        )
-        .unwrap();
+        let req: ChatRequest =
+            parse(br#"{"messages": [], "temperature": 0, "functions": [], "best_of": 2}"#).unwrap();
         let e = reject_unknown(&req.unknown).unwrap_err();
-        assert!(e.message.contains("response_format") && e.message.contains("best_of"));
+        assert!(e.message.contains("functions") && e.message.contains("best_of"));
         assert!(e.param.is_some());
         let req: CompletionRequest = parse(
             br#"{"prompt": "x", "echo": true, "user": "u", "seed": 1, "logit_bias": {"3": 1}, "stream_options": {"include_usage": true}}"#,

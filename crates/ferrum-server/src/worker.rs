@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ferrum_engine::{Engine, FinishReason, Request, Sampled, SamplingParams};
+use ferrum_structured::Constraint;
 use tokio::sync::mpsc;
 
 /// One request: `n` choices continuing `prompt`.
@@ -20,6 +21,8 @@ pub struct Job {
     /// Score the prompt's tokens too (`echo` with `logprobs`), with this
     /// many alternatives each.
     pub prompt_logprobs: Option<usize>,
+    /// The grammar every choice's output follows (each gets its own copy).
+    pub constraint: Option<Constraint>,
     pub events: mpsc::UnboundedSender<Event>,
 }
 
@@ -89,6 +92,7 @@ async fn run_job(engine: &Engine, job: Job) {
             stop_strings: job.stop.clone(),
             stop_tokens: Vec::new(),
             prompt_logprobs: job.prompt_logprobs,
+            constraint: job.constraint.clone(),
         };
         match engine.submit(req) {
             Ok(rx) => streams.push(rx),

@@ -284,6 +284,14 @@ impl Tokenizer {
         }
     }
 
+    /// The bytes token `id` stands for inside generated text (a control
+    /// token's are its text), as a grammar engine must see them.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.append_piece(id, false, &mut out);
+        out
+    }
+
     /// The vocabulary string of `id`.
     pub fn token_text(&self, id: u32) -> Option<&str> {
         match &self.inner {

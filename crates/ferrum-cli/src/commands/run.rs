@@ -1,6 +1,7 @@
 //! `ferrum run`: chat with a model, or complete one prompt.
 
 use std::io::{BufRead, Write};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use ferrum_engine::{Completion, Engine, EngineConfig, Event, Request, SamplingParams};
+use ferrum_structured::{Constraint, GrammarSpec, Grammars};
 use ferrum_tokenizer::chat::{ChatOptions, ChatTemplate, Message};
 use ferrum_tokenizer::Tokenizer;
 
@@ -51,6 +53,13 @@ pub struct RunArgs {
     /// Stop when this text appears (repeatable).
     #[arg(long)]
     stop: Vec<String>,
+    /// Constrain every answer to JSON valid under the schema in FILE.
+    #[arg(long, value_name = "FILE", conflicts_with = "grammar")]
+    json_schema: Option<PathBuf>,
+    /// Constrain every answer to the grammar in FILE: GBNF as llama.cpp
+    /// takes it (a `.lark` file: llguidance's Lark syntax).
+    #[arg(long, value_name = "FILE")]
+    grammar: Option<PathBuf>,
     /// After each answer, print its token counts and speeds to stderr.
     #[arg(long, short = 'v')]
     verbose: bool,
@@ -61,6 +70,26 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
+    /// The output grammar from --json-schema / --grammar, if any.
+    fn output_spec(&self) -> Result<Option<GrammarSpec>> {
+        let read = |p: &PathBuf| {
+            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
+        };
+        if let Some(p) = &self.json_schema {
+            let schema = serde_json::from_str(&read(p)?)
+                .with_context(|| format!("{} is not JSON", p.display()))?;
+            return Ok(Some(GrammarSpec::JsonSchema(schema)));
+        }
+        if let Some(p) = &self.grammar {
+            let src = read(p)?;
+            return Ok(Some(match p.extension().and_then(|e| e.to_str()) {
+                Some("lark") => GrammarSpec::Lark(src),
+                _ => GrammarSpec::Gbnf(src),
+            }));
+        }
+        Ok(None)
+    }
+
     fn sampling(&self) -> SamplingParams {
         SamplingParams {
             temperature: self.temperature,
@@ -92,6 +121,13 @@ pub fn run(args: RunArgs) -> Result<()> {
     let pool = args.kv.pool(args.device)?;
     let model = files.load_llm(args.device, &pool)?;
     let tok = Arc::new(tok);
+    let constraint = match args.output_spec()? {
+        Some(spec) => {
+            let grammars = Grammars::new(tok.clone(), model.config().vocab_size)?;
+            Some(grammars.compile(&spec)?)
+        }
+        None => None,
+    };
     let spec = args.spec.load(args.device, &pool)?;
     let engine = Engine::start_with(model, tok.clone(), EngineConfig::default(), spec)?;
     // Ctrl-C stops the answer being generated; at the input prompt it exits.
@@ -113,6 +149,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         tok: &tok,
         engine,
         template: template.as_ref(),
+        constraint,
         generating,
         interrupted,
     };
@@ -132,6 +169,8 @@ struct Session<'a> {
     tok: &'a Tokenizer,
     engine: Engine,
     template: Option<&'a ChatTemplate>,
+    /// Every answer's grammar (a fresh copy each).
+    constraint: Option<Constraint>,
     generating: Arc<AtomicBool>,
     interrupted: Arc<AtomicBool>,
 }
@@ -155,6 +194,7 @@ impl Session<'_> {
             stop_strings: self.args.stop.clone(),
             stop_tokens: Vec::new(),
             prompt_logprobs: None,
+            constraint: self.constraint.clone(),
         };
         self.interrupted.store(false, Ordering::SeqCst);
         self.generating.store(true, Ordering::SeqCst);

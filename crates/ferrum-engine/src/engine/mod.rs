@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 
 use ferrum_models::PagedLlm;
+use ferrum_structured::Constraint;
 use ferrum_tokenizer::Tokenizer;
 use ferrum_types::{FerrumError, Result};
 use tokio::sync::mpsc as tmpsc;
@@ -60,6 +61,9 @@ pub struct Request {
     /// the first, with this many top alternatives ([`Event::PromptLogprobs`]).
     /// Such a prompt skips the prefix cache: cached positions have no logits.
     pub prompt_logprobs: Option<usize>,
+    /// A grammar the output must follow (structured output, tool calls):
+    /// tokens it does not allow are masked before sampling.
+    pub constraint: Option<Constraint>,
 }
 
 /// What a request's stream carries, in order.

@@ -20,6 +20,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 
 use ferrum_models::{with_items, BatchItem, BlockCopy, BlockManager, LogitsWanted, PagedLlm};
+use ferrum_structured::Constraint;
 use ferrum_tokenizer::Tokenizer;
 use ferrum_types::{FerrumError, Result};
 
@@ -376,6 +377,17 @@ impl<'t> Loop<'t> {
                 }
             })
             .collect();
+        // The constraints of sequences that sample this step, taken out
+        // (with their drafts) so a worker can prepare their masks.
+        let mut grammar_jobs: Vec<(usize, Constraint, Vec<u32>)> = plan
+            .iter()
+            .filter_map(|p| {
+                let s = &mut self.running[p.seq];
+                let samples = s.computed + p.tokens == s.tokens.len() || !p.draft.is_empty();
+                let c = s.constraint.take_if(|_| samples)?;
+                Some((p.seq, c, p.draft.clone()))
+            })
+            .collect();
         let (kv, running) = (&self.kv, &self.running);
         let items = plan.iter().zip(&fed).map(|(p, fed)| {
             let s = &running[p.seq];
@@ -393,7 +405,28 @@ impl<'t> Loop<'t> {
             }
         });
         let (model, logits) = (self.model.as_mut(), &mut self.logits);
-        if let Err(e) = with_items(items, |items| guarded(model, items, logits)) {
+        // Grammar masks for the positions this step samples are computed on
+        // another thread while the forward pass runs.
+        let masks = &mut grammar_jobs;
+        let done = std::thread::scope(|sc| {
+            let worker = (!masks.is_empty()).then(|| {
+                sc.spawn(move || {
+                    for (_, c, drafts) in masks.iter_mut() {
+                        // An error here comes back when the mask is applied.
+                        let _ = c.prepare(drafts);
+                    }
+                })
+            });
+            let done = with_items(items, |items| guarded(model, items, logits));
+            if let Some(w) = worker {
+                let _ = w.join();
+            }
+            done
+        });
+        for (i, c, _) in grammar_jobs {
+            self.running[i].constraint = Some(c);
+        }
+        if let Err(e) = done {
             tracing::error!("a batch failed: {e}");
             return fail_all(ended, &e.to_string());
         }
@@ -427,6 +460,7 @@ impl<'t> Loop<'t> {
                     }
                 }
                 row += fed.len();
+                s.end_step();
                 s.computed += 1 + accepted;
                 self.kv.truncate(&s.id, s.computed);
                 self.stats
@@ -478,7 +512,7 @@ impl<'t> Loop<'t> {
             return plan;
         }
         for p in &mut plan {
-            let s = &self.running[p.seq];
+            let s = &mut self.running[p.seq];
             if s.pending() != 1 || s.scores_prompt() {
                 continue;
             }
@@ -487,13 +521,17 @@ impl<'t> Loop<'t> {
             if k == 0 {
                 continue;
             }
-            let draft = match spec.propose(&s.id, &s.tokens, k) {
+            let mut draft = match spec.propose(&s.id, &s.tokens, k) {
                 Ok(d) => d,
                 Err(e) => {
                     tracing::error!("the draft model failed ({e}); this step does not speculate");
                     continue;
                 }
             };
+            // Only drafts the grammar allows are worth verifying.
+            if let Some(c) = &mut s.constraint {
+                draft.truncate(c.valid_prefix(&draft));
+            }
             if draft.is_empty() {
                 continue;
             }

@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use ferrum_structured::Constraint;
 use ferrum_tokenizer::{IncrementalDecoder, Tokenizer};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -28,6 +29,10 @@ pub(super) struct Seq<'t> {
     max_tokens: usize,
     capacity: usize,
     sampler: Sampler,
+    /// The grammar the output follows, if any. Taken out while its masks
+    /// are prepared beside the forward pass (see the scheduler).
+    pub constraint: Option<Constraint>,
+    tok: &'t Tokenizer,
     decoder: IncrementalDecoder<'t>,
     stops: StopStrings,
     stop_tokens: Vec<u32>,
@@ -65,6 +70,8 @@ impl<'t> Seq<'t> {
             cached_tokens: 0,
             max_tokens: req.max_tokens,
             capacity,
+            constraint: req.constraint,
+            tok,
             decoder: tok.incremental_decoder(),
             stops: StopStrings::new(req.stop_strings),
             stop_tokens,
@@ -126,14 +133,42 @@ impl<'t> Seq<'t> {
     /// (its final events are sent).
     pub fn on_logits(&mut self, logits: &mut [f32]) -> Option<FinishReason> {
         self.record_timing();
+        if let Err(e) = self.constrain(logits) {
+            return Some(self.abort(&e));
+        }
         let s = self.sampler.sample(logits);
         self.emit(s)
+    }
+
+    /// Masks what the grammar does not allow here (before any other
+    /// sampling setting looks at the logits).
+    fn constrain(&mut self, logits: &mut [f32]) -> ferrum_types::Result<()> {
+        match &mut self.constraint {
+            Some(c) => c.apply(logits, &self.stop_tokens),
+            None => Ok(()),
+        }
+    }
+
+    /// Ends the request with an error event (nothing follows it).
+    fn abort(&mut self, e: &ferrum_types::FerrumError) -> FinishReason {
+        let _ = self.events.send(Event::Error(e.to_string()));
+        FinishReason::Stop
+    }
+
+    /// Drops grammar masks prepared for positions this step did not reach.
+    pub fn end_step(&mut self) {
+        if let Some(c) = &mut self.constraint {
+            c.end_step();
+        }
     }
 
     /// Like [`Seq::on_logits`] for a position whose next token was drafted:
     /// also says whether the draft was accepted.
     pub fn on_draft(&mut self, logits: &mut [f32], draft: u32) -> (Option<FinishReason>, bool) {
         self.record_timing();
+        if let Err(e) = self.constrain(logits) {
+            return (Some(self.abort(&e)), false);
+        }
         let (s, accepted) = self.sampler.verify(logits, draft);
         (self.emit(s), accepted)
     }
@@ -156,6 +191,12 @@ impl<'t> Seq<'t> {
         if self.stop_tokens.contains(&token) {
             return Some(self.finish(FinishReason::Stop, false));
         }
+        if let Some(c) = &mut self.constraint {
+            let tok = self.tok;
+            if let Err(e) = c.commit(token, || tok.token_bytes(token)) {
+                return Some(self.abort(&e));
+            }
+        }
         self.tokens.push(token);
         metrics::counter!("ferrum_generation_tokens_total").increment(1);
         let (text, stopped) = self.stops.push(&self.decoder.push(token));
@@ -167,6 +208,14 @@ impl<'t> Seq<'t> {
         });
         if stopped {
             return Some(self.finish(FinishReason::Stop, true));
+        }
+        // A complete grammar allows nothing more (it would only allow EOS).
+        if self
+            .constraint
+            .as_ref()
+            .is_some_and(Constraint::is_finished)
+        {
+            return Some(self.finish(FinishReason::Stop, false));
         }
         if self.generated() >= self.max_tokens || self.tokens.len() >= self.capacity {
             return Some(self.finish(FinishReason::Length, false));

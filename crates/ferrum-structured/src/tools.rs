@@ -1,0 +1,585 @@
+//! Tool calling: the formats chat templates teach models to call tools in,
+//! the grammars that enforce a call, and the parser that turns a model's
+//! output back into OpenAI `tool_calls`.
+//!
+//! The format is read from the chat template itself (the text it tells the
+//! model to produce), never from the model's name, so any fine-tune that
+//! keeps its base model's template works.
+
+use ferrum_types::{FerrumError, Result};
+use serde_json::{json, Value};
+
+use crate::grammar::{lark_json, GrammarSpec};
+use crate::vocab::Grammars;
+
+/// How a template's model writes tool calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolFormat {
+    /// Hermes / Qwen2.5 / Qwen3: `<tool_call>\n{"name": .., "arguments": {..}}\n</tool_call>`,
+    /// one block per call.
+    Hermes,
+    /// Llama 3.1+: the whole answer is `{"name": .., "parameters": {..}}`
+    /// (optionally after `<|python_tag|>`).
+    Llama3Json,
+    /// Mistral: `[TOOL_CALLS] [{"name": .., "arguments": {..}}, ...]`.
+    Mistral,
+}
+
+const HERMES_OPEN: &str = "<tool_call>";
+const HERMES_CLOSE: &str = "</tool_call>";
+const MISTRAL_OPEN: &str = "[TOOL_CALLS]";
+const PYTHON_TAG: &str = "<|python_tag|>";
+
+impl ToolFormat {
+    /// The format `template` teaches, if it has a tools branch we know.
+    pub fn detect(template: &str) -> Option<Self> {
+        if template.contains(HERMES_OPEN) {
+            Some(Self::Hermes)
+        } else if template.contains(MISTRAL_OPEN) {
+            Some(Self::Mistral)
+        } else if template.contains(PYTHON_TAG)
+            || template.contains("\"parameters\": dictionary of argument name")
+        {
+            Some(Self::Llama3Json)
+        } else {
+            None
+        }
+    }
+
+    /// The key that holds a call's arguments.
+    fn args_key(self) -> &'static str {
+        match self {
+            Self::Llama3Json => "parameters",
+            Self::Hermes | Self::Mistral => "arguments",
+        }
+    }
+}
+
+/// A function the client offers (`tools[i].function`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tool {
+    pub name: String,
+    /// Its JSON schema (an object schema; `{}` when the client gave none).
+    pub parameters: Value,
+}
+
+/// OpenAI's `tool_choice`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToolChoice {
+    /// Answer in text; tools are not shown to the model.
+    None,
+    /// The model decides; a call it starts is enforced.
+    Auto,
+    /// At least one call, enforced.
+    Required,
+    /// Exactly this function, enforced.
+    Named(String),
+}
+
+/// Checks OpenAI `tools`; errors say which entry is wrong and how.
+pub fn parse_tools(v: &Value) -> Result<Vec<Tool>> {
+    let list = v
+        .as_array()
+        .ok_or_else(|| FerrumError::invalid("tools must be an array"))?;
+    let mut tools = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let bad = |m: &str| FerrumError::invalid(format!("tools[{i}]: {m}"));
+        if t.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(bad("type must be \"function\""));
+        }
+        let f = t
+            .get("function")
+            .filter(|f| f.is_object())
+            .ok_or_else(|| bad("function must be an object"))?;
+        let name = f
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| bad("function.name must be a non-empty string"))?;
+        let parameters = match f.get("parameters") {
+            None | Some(Value::Null) => json!({"type": "object"}),
+            Some(p @ Value::Object(_)) => p.clone(),
+            Some(_) => return Err(bad("function.parameters must be a JSON schema object")),
+        };
+        if tools.iter().any(|x: &Tool| x.name == name) {
+            return Err(bad(&format!("the function name {name:?} is used twice")));
+        }
+        tools.push(Tool {
+            name: name.to_string(),
+            parameters,
+        });
+    }
+    Ok(tools)
+}
+
+/// Checks OpenAI `tool_choice` against the offered `tools` (absent: `auto`
+/// when there are tools, as OpenAI defaults).
+pub fn parse_tool_choice(v: Option<&Value>, tools: &[Tool]) -> Result<ToolChoice> {
+    let bad = |m: String| FerrumError::invalid(m);
+    let choice = match v {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(bad(format!(
+                    "tool_choice {other:?} is not one of none, auto, required, or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"
+                )))
+            }
+        },
+        Some(o @ Value::Object(_)) => {
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .filter(|_| o.get("type").and_then(Value::as_str) == Some("function"))
+                .ok_or_else(|| {
+                    bad("tool_choice must be {\"type\": \"function\", \"function\": {\"name\": ...}}".into())
+                })?;
+            if !tools.iter().any(|t| t.name == name) {
+                return Err(bad(format!(
+                    "tool_choice names the function {name:?}, which is not in tools"
+                )));
+            }
+            ToolChoice::Named(name.to_string())
+        }
+        Some(other) => return Err(bad(format!("tool_choice is {other}; expected a string or an object"))),
+    };
+    if tools.is_empty() && matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
+        return Err(bad("tool_choice requires tools".into()));
+    }
+    Ok(choice)
+}
+
+/// The grammar that enforces calls for `choice`: `None` when nothing is
+/// enforced (`none`, or `auto` in a format without a start marker), else
+/// the constraint (for `auto`, armed once the model writes the format's
+/// start marker).
+pub fn tool_constraint(
+    g: &Grammars,
+    format: ToolFormat,
+    tools: &[Tool],
+    choice: &ToolChoice,
+    parallel: bool,
+) -> Result<Option<crate::Constraint>> {
+    let callable: Vec<&Tool> = match choice {
+        ToolChoice::None => return Ok(None),
+        ToolChoice::Named(n) => tools.iter().filter(|t| &t.name == n).collect(),
+        ToolChoice::Auto | ToolChoice::Required => tools.iter().collect(),
+    };
+    if callable.is_empty() {
+        return Ok(None);
+    }
+    let key = format.args_key();
+    let alts: Vec<Value> = callable
+        .iter()
+        .map(|t| {
+            json!({"type": "object",
+                   "properties": {"name": {"const": t.name}, key: t.parameters},
+                   "required": ["name", key], "additionalProperties": false})
+        })
+        .collect();
+    let call = lark_json(&if alts.len() == 1 {
+        alts[0].clone()
+    } else {
+        json!({"anyOf": alts})
+    });
+    let more = |rule: &str| {
+        if parallel {
+            format!("({rule})*")
+        } else {
+            String::new()
+        }
+    };
+    let auto = *choice == ToolChoice::Auto;
+    let (lark, trigger) = match format {
+        ToolFormat::Hermes => {
+            let (open, close) = (g.lark_literal(HERMES_OPEN), g.lark_literal(HERMES_CLOSE));
+            let body = format!("\"\\n\" call \"\\n\" {close}");
+            let rest = more(&format!("\"\\n\" {open} {body}"));
+            if auto {
+                (
+                    format!("start: {body} {rest}\ncall: {call}\n"),
+                    Some(HERMES_OPEN),
+                )
+            } else {
+                (format!("start: {open} {body} {rest}\ncall: {call}\n"), None)
+            }
+        }
+        ToolFormat::Mistral => {
+            let body = format!("\" \"? \"[\" call {} \"]\"", more("\", \" call"));
+            if auto {
+                (format!("start: {body}\ncall: {call}\n"), Some(MISTRAL_OPEN))
+            } else {
+                let open = g.lark_literal(MISTRAL_OPEN);
+                (format!("start: {open} {body}\ncall: {call}\n"), None)
+            }
+        }
+        // No marker starts a Llama 3 call: `auto` is left free and parsed
+        // afterwards.
+        ToolFormat::Llama3Json if auto => return Ok(None),
+        ToolFormat::Llama3Json => (
+            format!("start: call {}\ncall: {call}\n", more("\"; \" call")),
+            None,
+        ),
+    };
+    let spec = GrammarSpec::Lark(lark);
+    Ok(Some(match trigger {
+        Some(t) => g.compile_after(t, &spec)?,
+        None => g.compile(&spec)?,
+    }))
+}
+
+/// A call found in the output: the function and its arguments as a JSON
+/// string (OpenAI's `function.arguments`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParsedCall {
+    pub name: String,
+    pub arguments: String,
+}
+
+/// What a piece of streamed output turned out to be.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Piece {
+    Content(String),
+    Call(ParsedCall),
+}
+
+/// Splits a model's streamed output into content and tool calls. Text that
+/// may be the start of a call marker is held back until it is known not to
+/// be one; calls come out whole, as soon as each is complete.
+pub struct ToolParser {
+    format: ToolFormat,
+    /// Output not yet released.
+    held: String,
+    /// A call marker was seen: the rest is calls.
+    in_calls: bool,
+    /// Nothing but whitespace has come out yet (Llama 3 decides here).
+    at_start: bool,
+    pub calls: usize,
+}
+
+impl ToolParser {
+    pub fn new(format: ToolFormat) -> Self {
+        Self {
+            format,
+            held: String::new(),
+            in_calls: false,
+            at_start: true,
+            calls: 0,
+        }
+    }
+
+    /// Adds streamed text; returns what can be released now.
+    pub fn push(&mut self, text: &str) -> Vec<Piece> {
+        self.held.push_str(text);
+        let mut out = Vec::new();
+        if !self.in_calls {
+            self.find_start(&mut out);
+        }
+        if self.in_calls && self.format == ToolFormat::Hermes {
+            while let Some(call) = self.take_hermes_block() {
+                self.emit_call(call, &mut out);
+            }
+        }
+        out
+    }
+
+    /// The end of the output: whatever is held is parsed, and what is not a
+    /// valid call is released as content.
+    pub fn finish(&mut self) -> Vec<Piece> {
+        let mut out = Vec::new();
+        let rest = std::mem::take(&mut self.held);
+        if !self.in_calls {
+            if !rest.is_empty() {
+                out.push(Piece::Content(rest));
+            }
+            return out;
+        }
+        let calls = match self.format {
+            // A bare call object, or an unterminated last block (max_tokens
+            // cut it).
+            ToolFormat::Hermes => {
+                let body = rest.trim_start();
+                let body = body.strip_prefix(HERMES_OPEN).unwrap_or(body);
+                parse_call(body, self.format).map(|c| vec![c])
+            }
+            ToolFormat::Llama3Json => {
+                let body = rest.trim().trim_start_matches(PYTHON_TAG);
+                body.split(';')
+                    .map(|c| parse_call(c, self.format))
+                    .collect::<Option<Vec<_>>>()
+            }
+            ToolFormat::Mistral => {
+                let body = rest.trim_start().trim_start_matches(MISTRAL_OPEN);
+                match serde_json::from_str::<Value>(body.trim()) {
+                    Ok(Value::Array(a)) => a
+                        .iter()
+                        .map(|c| call_from_json(c, self.format))
+                        .collect::<Option<Vec<_>>>(),
+                    _ => None,
+                }
+            }
+        };
+        match calls {
+            Some(calls) => calls.into_iter().for_each(|c| self.emit_call(c, &mut out)),
+            None if !rest.trim().is_empty() => out.push(Piece::Content(rest)),
+            None => {}
+        }
+        out
+    }
+
+    fn emit_call(&mut self, c: ParsedCall, out: &mut Vec<Piece>) {
+        self.calls += 1;
+        out.push(Piece::Call(c));
+    }
+
+    /// Releases content up to a call marker (switching to calls), keeping
+    /// back a tail that could still become one.
+    fn find_start(&mut self, out: &mut Vec<Piece>) {
+        // Small Hermes-trained models often drop the tags and answer with
+        // the bare call object: an answer that starts with `{` is held to
+        // the end and parsed as one (released as content if it is not).
+        if self.format == ToolFormat::Hermes && self.at_start {
+            let t = self.held.trim_start();
+            if t.is_empty() {
+                return;
+            }
+            self.at_start = false;
+            if t.starts_with('{') {
+                self.in_calls = true;
+                return;
+            }
+        }
+        let marker = match self.format {
+            ToolFormat::Hermes => HERMES_OPEN,
+            ToolFormat::Mistral => MISTRAL_OPEN,
+            ToolFormat::Llama3Json => {
+                // A call is the whole answer: decided by its first
+                // non-space character.
+                if self.at_start {
+                    let t = self.held.trim_start();
+                    if t.is_empty() {
+                        return;
+                    }
+                    self.at_start = false;
+                    if t.starts_with('{') || t.starts_with(PYTHON_TAG) {
+                        self.in_calls = true;
+                        return;
+                    }
+                    if PYTHON_TAG.starts_with(t) {
+                        self.at_start = true;
+                        return;
+                    }
+                }
+                out.push(Piece::Content(std::mem::take(&mut self.held)));
+                return;
+            }
+        };
+        if let Some(at) = self.held.find(marker) {
+            let before = self.held[..at].trim_end().to_string();
+            if !before.is_empty() {
+                out.push(Piece::Content(before));
+            }
+            self.held.drain(..at);
+            self.in_calls = true;
+            return;
+        }
+        let keep = (1..marker.len())
+            .rev()
+            .find(|&k| self.held.ends_with(&marker[..k]))
+            .unwrap_or(0);
+        // Whitespace before a marker is not content either: hold it too.
+        let split = self.held[..self.held.len() - keep].trim_end().len();
+        if split > 0 {
+            out.push(Piece::Content(self.held[..split].to_string()));
+            self.held.drain(..split);
+        }
+    }
+
+    /// Takes one complete `<tool_call>...</tool_call>` block off the front.
+    fn take_hermes_block(&mut self) -> Option<ParsedCall> {
+        let start = self.held.find(HERMES_OPEN)?;
+        let end = self.held[start..].find(HERMES_CLOSE)? + start;
+        let call = parse_call(&self.held[start + HERMES_OPEN.len()..end], self.format);
+        self.held.drain(..end + HERMES_CLOSE.len());
+        call
+    }
+}
+
+/// One call written as a JSON object.
+fn parse_call(text: &str, format: ToolFormat) -> Option<ParsedCall> {
+    call_from_json(&serde_json::from_str(text.trim()).ok()?, format)
+}
+
+fn call_from_json(v: &Value, format: ToolFormat) -> Option<ParsedCall> {
+    let name = v.get("name")?.as_str()?.to_string();
+    let args = v
+        .get(format.args_key())
+        .or_else(|| v.get("arguments"))
+        .or_else(|| v.get("parameters"))
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    // Some models write the arguments as a JSON string already.
+    let arguments = match args {
+        Value::String(s) => s,
+        other => other.to_string(),
+    };
+    Some(ParsedCall { name, arguments })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn run(format: ToolFormat, pieces: &[&str]) -> Vec<Piece> {
+        let mut p = ToolParser::new(format);
+        let mut out: Vec<Piece> = pieces.iter().flat_map(|t| p.push(t)).collect();
+        out.extend(p.finish());
+        // Merge adjacent content for comparison.
+        let mut merged: Vec<Piece> = Vec::new();
+        for x in out {
+            match (merged.last_mut(), x) {
+                (Some(Piece::Content(a)), Piece::Content(b)) => a.push_str(&b),
+                (_, x) => merged.push(x),
+            }
+        }
+        merged
+    }
+
+    fn call(name: &str, args: &str) -> Piece {
+        Piece::Call(ParsedCall {
+            name: name.into(),
+            arguments: args.into(),
+        })
+    }
+
+    #[test]
+    fn hermes_blocks_split_anywhere() {
+        let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
+        let want = vec![
+            Piece::Content("Let me check.".into()),
+            call("get_weather", r#"{"city":"Paris"}"#),
+            call("now", "{}"),
+        ];
+        for step in [1, 3, 7, text.len()] {
+            let pieces: Vec<String> = text
+                .as_bytes()
+                .chunks(step)
+                .map(|c| String::from_utf8(c.to_vec()).unwrap())
+                .collect();
+            let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+            assert_eq!(run(ToolFormat::Hermes, &refs), want, "step {step}");
+        }
+        // Text that only looks like the start of a marker is released.
+        assert_eq!(
+            run(ToolFormat::Hermes, &["a <tool", "s> b"]),
+            vec![Piece::Content("a <tools> b".into())]
+        );
+        // A bare call object (no tags); JSON that is not a call is content.
+        assert_eq!(
+            run(
+                ToolFormat::Hermes,
+                &[" {\"name\": \"f\", \"argu", "ments\": {}}"]
+            ),
+            vec![call("f", "{}")]
+        );
+        assert_eq!(
+            run(ToolFormat::Hermes, &["{\"a\": 1}"]),
+            vec![Piece::Content("{\"a\": 1}".into())]
+        );
+        // Not JSON inside: nothing is lost, nothing is a call.
+        assert_eq!(
+            run(ToolFormat::Hermes, &["<tool_call>oops"]),
+            vec![Piece::Content("<tool_call>oops".into())]
+        );
+    }
+
+    #[test]
+    fn llama3_and_mistral_calls() {
+        assert_eq!(
+            run(
+                ToolFormat::Llama3Json,
+                &[" {\"name\": \"f\", ", "\"parameters\": {\"x\": 1}}"]
+            ),
+            vec![call("f", r#"{"x":1}"#)]
+        );
+        assert_eq!(
+            run(
+                ToolFormat::Llama3Json,
+                &["<|python", "_tag|>{\"name\": \"f\", \"parameters\": {}}"]
+            ),
+            vec![call("f", "{}")]
+        );
+        assert_eq!(
+            run(ToolFormat::Llama3Json, &["Hello {there}"]),
+            vec![Piece::Content("Hello {there}".into())]
+        );
+        assert_eq!(
+            run(
+                ToolFormat::Mistral,
+                &[
+                    "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {\"q\": \"x\"}}, ",
+                    "{\"name\": \"b\", \"arguments\": {}}]"
+                ]
+            ),
+            vec![call("a", r#"{"q":"x"}"#), call("b", "{}")]
+        );
+    }
+
+    #[test]
+    fn formats_are_read_from_templates() {
+        assert_eq!(
+            ToolFormat::detect("{{ '<tool_call>\\n' }}"),
+            Some(ToolFormat::Hermes)
+        );
+        assert_eq!(
+            ToolFormat::detect("[TOOL_CALLS] {{ x }}"),
+            Some(ToolFormat::Mistral)
+        );
+        assert_eq!(
+            ToolFormat::detect("<|python_tag|>"),
+            Some(ToolFormat::Llama3Json)
+        );
+        assert_eq!(ToolFormat::detect("{{ messages }}"), None);
+    }
+
+    #[test]
+    fn tools_and_choices_are_checked() {
+        let tools = parse_tools(&json!([
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
+            {"type": "function", "function": {"name": "g"}}
+        ]))
+        .unwrap();
+        assert_eq!(tools[1].parameters, json!({"type": "object"}));
+        for bad in [
+            json!({}),
+            json!([{"type": "x", "function": {"name": "f"}}]),
+            json!([{"type": "function", "function": {"name": ""}}]),
+            json!([{"type": "function", "function": {"name": "f", "parameters": "no"}}]),
+            json!([{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]),
+        ] {
+            assert!(parse_tools(&bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_tool_choice(None, &tools).unwrap(), ToolChoice::Auto);
+        assert_eq!(
+            parse_tool_choice(
+                Some(&json!({"type": "function", "function": {"name": "g"}})),
+                &tools
+            )
+            .unwrap(),
+            ToolChoice::Named("g".into())
+        );
+        for bad in [
+            json!("sometimes"),
+            json!({"type": "function", "function": {"name": "h"}}),
+            json!({"function": {"name": "f"}}),
+            json!(3),
+        ] {
+            assert!(parse_tool_choice(Some(&bad), &tools).is_err(), "{bad}");
+        }
+        assert!(parse_tool_choice(Some(&json!("required")), &[]).is_err());
+    }
+}
