@@ -109,3 +109,11 @@ def tiny_queue_server():
     s = Server("--model", "smollm2", "--max-queue", "1")
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def qwen_server():
+    """Qwen2.5-Coder-0.5B-Instruct: trained for Hermes-style tool calls."""
+    s = Server("--model", "qwen2.5-coder:0.5b")
+    yield s
+    s.stop()

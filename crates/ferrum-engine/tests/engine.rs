@@ -46,6 +46,7 @@ fn request(tok: &Tokenizer, text: &str, max_tokens: usize) -> Request {
         stop_strings: Vec::new(),
         stop_tokens: Vec::new(),
         prompt_logprobs: None,
+        constraint: None,
     }
 }
 

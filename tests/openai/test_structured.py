@@ -1,0 +1,176 @@
+"""Structured output and tool calls through the official `openai` package (and LangChain
+when it is installed), on Qwen2.5-Coder-0.5B-Instruct: output that must parse does."""
+import json
+import re
+from typing import List, Literal
+
+import openai
+import pytest
+from pydantic import BaseModel
+
+MODEL = "qwen2.5-coder:0.5b"
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "Current time in a time zone",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}
+ASK = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
+
+
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+class Pet(BaseModel):
+    name: str
+    kind: Literal["cat", "dog", "fish"]
+    age: int
+
+
+class Household(BaseModel):
+    city: str
+    pets: List[Pet]
+
+
+def test_parse_returns_a_pydantic_object(qwen_server):
+    r = client(qwen_server).chat.completions.parse(
+        model=MODEL, messages=[{"role": "user", "content": "Invent a household in Oslo with two pets."}],
+        response_format=Household, temperature=0.7, seed=3, max_tokens=200)
+    h = r.choices[0].message.parsed
+    assert isinstance(h, Household), r.choices[0].message.content
+    assert all(p.kind in ("cat", "dog", "fish") for p in h.pets)
+
+
+def test_json_object_and_schema_on_both_endpoints(qwen_server):
+    c = client(qwen_server)
+    r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "List three colors."}],
+                                  response_format={"type": "json_object"}, temperature=1.0, seed=1, max_tokens=120)
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9},
+                                                "word": {"type": "string", "maxLength": 12}},
+              "required": ["n", "word"], "additionalProperties": False}
+    r = c.completions.create(model=MODEL, prompt="A number and a word:", max_tokens=60, temperature=1.0, seed=2,
+                             extra_body={"response_format": {"type": "json_schema",
+                                                             "json_schema": {"name": "nw", "schema": schema}}})
+    v = json.loads(r.choices[0].text)
+    assert set(v) == {"n", "word"} and 1 <= v["n"] <= 9 and len(v["word"]) <= 12
+
+
+def test_vllm_and_llama_server_extensions(qwen_server):
+    c = client(qwen_server)
+    ask = [{"role": "user", "content": "Is the sky blue?"}]
+    r = c.chat.completions.create(model=MODEL, messages=ask, max_tokens=10,
+                                  extra_body={"guided_choice": ["yes", "no"]})
+    assert r.choices[0].message.content in ("yes", "no")
+    r = c.chat.completions.create(model=MODEL, messages=ask, max_tokens=20,
+                                  extra_body={"guided_regex": "[A-Z][a-z]{2,6}, [0-9]{3}"})
+    assert re.fullmatch("[A-Z][a-z]{2,6}, [0-9]{3}", r.choices[0].message.content)
+    r = c.chat.completions.create(model=MODEL, messages=ask, max_tokens=20, temperature=1.2,
+                                  extra_body={"grammar": 'root ::= answer " (" [0-9] "/10)"\nanswer ::= "Yes" | "No"\n'})
+    assert re.fullmatch(r"(Yes|No) \([0-9]/10\)", r.choices[0].message.content)
+    r = c.chat.completions.create(model=MODEL, messages=ask, max_tokens=30,
+                                  extra_body={"guided_json": {"type": "array", "items": {"type": "boolean"},
+                                                              "minItems": 2, "maxItems": 2}})
+    assert [type(x) for x in json.loads(r.choices[0].message.content)] == [bool, bool]
+
+
+def check_weather_call(call):
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_weather"
+    args = json.loads(call.function.arguments)
+    assert set(args) == {"city", "unit"} and args["unit"] in ("celsius", "fahrenheit")
+    return args
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_enforced_tool_calls(qwen_server, choice):
+    r = client(qwen_server).chat.completions.create(
+        model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice=choice, temperature=0, max_tokens=120)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls"
+    assert ch.message.tool_calls and ch.message.content is None
+    for call in ch.message.tool_calls:
+        if choice != "required" or call.function.name == "get_weather":
+            check_weather_call(call)
+
+
+def test_auto_tool_choice_calls_or_answers(qwen_server):
+    r = client(qwen_server).chat.completions.create(
+        model=MODEL, messages=ASK, tools=[WEATHER], temperature=0, max_tokens=120)
+    ch = r.choices[0]
+    if ch.finish_reason == "tool_calls":
+        check_weather_call(ch.message.tool_calls[0])
+    else:
+        assert ch.message.content and not ch.message.tool_calls
+
+
+def test_tool_round_trip(qwen_server):
+    c = client(qwen_server)
+    r = c.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required",
+                                  temperature=0, max_tokens=120)
+    msg = r.choices[0].message
+    call = msg.tool_calls[0]
+    check_weather_call(call)
+    history = ASK + [msg.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp": 18, "sky": "cloudy"})}]
+    r = c.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], tool_choice="none",
+                                  temperature=0, max_tokens=60)
+    ch = r.choices[0]
+    assert ch.finish_reason in ("stop", "length") and not ch.message.tool_calls
+    assert ch.message.content.strip()
+
+
+def test_streamed_tool_calls_reassemble(qwen_server):
+    stream = client(qwen_server).chat.completions.create(
+        model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=120,
+        stream=True)
+    calls, finish = {}, None
+    for chunk in stream:
+        ch = chunk.choices[0]
+        for d in ch.delta.tool_calls or []:
+            entry = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+            entry["id"] = d.id or entry["id"]
+            entry["name"] += d.function.name or ""
+            entry["arguments"] += d.function.arguments or ""
+        finish = ch.finish_reason or finish
+    assert finish == "tool_calls" and calls
+    first = calls[0]
+    assert first["id"].startswith("call_") and first["name"] == "get_weather"
+    assert set(json.loads(first["arguments"])) == {"city", "unit"}
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True}}}},
+     "response_format"),
+    ({"response_format": {"type": "yaml"}}, "response_format"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "not an object"}}]}, "tools"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"grammar": "root ::= \"unterminated"}, "grammar"),
+    ({"guided_regex": "(a"}, "guided_regex"),
+    ({"guided_choice": ["a"], "guided_regex": "a"}, "guided_choice"),
+    ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
+])
+def test_malformed_constraints_are_400_and_the_server_keeps_serving(qwen_server, extra, param):
+    c = client(qwen_server)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=MODEL, messages=ASK, max_tokens=5, extra_body=extra)
+    assert e.value.body["param"] == param, e.value.body
+    assert e.value.body["type"] == "invalid_request_error"
+    r = c.chat.completions.create(model=MODEL, messages=ASK, max_tokens=3)
+    assert r.choices[0].message.content is not None
+
+
+def test_langchain_tools_and_structured_output(qwen_server):
+    lc = pytest.importorskip("langchain_openai")
+    llm = lc.ChatOpenAI(model=MODEL, base_url=qwen_server.url + "/v1", api_key="none", temperature=0,
+                        max_tokens=120)
+    msg = llm.bind_tools([WEATHER], tool_choice="get_weather").invoke("Weather in Rome?")
+    assert msg.tool_calls and msg.tool_calls[0]["name"] == "get_weather"
+    assert set(msg.tool_calls[0]["args"]) == {"city", "unit"}
+    pet = llm.with_structured_output(Pet, method="json_schema").invoke("Invent a pet.")
+    assert isinstance(pet, Pet)
