@@ -76,7 +76,8 @@ def test_streamed_chat_logprobs_come_with_each_token(chat_server):
 
 
 @pytest.mark.parametrize("path,extra", [
-    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}),
+    ("/v1/chat/completions", {"functions": [{"name": "f"}]}),
+    ("/v1/chat/completions", {"modalities": ["audio"]}),
     ("/v1/chat/completions", {"tool_choice": "required"}),
     ("/v1/completions", {"best_of": 3}),
     ("/v1/completions", {"suffix": "}"}),
@@ -89,3 +90,13 @@ def test_unimplemented_fields_are_400_naming_them(chat_server, path, extra):
     assert code == 400, r
     [name] = extra
     assert r["error"]["param"] == name and name in r["error"]["message"]
+
+
+def test_ignore_eos_runs_to_max_tokens(chat_server):
+    c = client(chat_server)
+    ask = [{"role": "user", "content": "Say OK."}]
+    short = c.chat.completions.create(model=MODEL, messages=ask, max_tokens=200, temperature=0)
+    assert short.choices[0].finish_reason == "stop" and short.usage.completion_tokens < 200
+    long = c.chat.completions.create(model=MODEL, messages=ask, max_tokens=200, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert long.choices[0].finish_reason == "length" and long.usage.completion_tokens == 200

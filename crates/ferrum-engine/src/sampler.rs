@@ -1,6 +1,7 @@
 //! Turning logits into the next token.
 //!
-//! Order of operations (as llama.cpp and vLLM apply them): penalties and
+//! Order of operations (as llama.cpp and vLLM apply them): a grammar's mask
+//! (applied by the sequence before the sampler sees the logits); penalties and
 //! `logit_bias` on the raw logits; log-probabilities for reporting; then temperature, top-k,
 //! top-p and min-p; then a draw from a per-request RNG, so the same seed
 //! gives the same text.

@@ -45,6 +45,7 @@ fn request(tok: &Tokenizer, text: &str, max_tokens: usize) -> Request {
         sampling: SamplingParams::greedy(),
         stop_strings: Vec::new(),
         stop_tokens: Vec::new(),
+        ignore_eos: false,
         prompt_logprobs: None,
         constraint: None,
     }

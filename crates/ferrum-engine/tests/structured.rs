@@ -207,6 +207,7 @@ fn constrained_requests_batch_and_speculate_without_changing_output() {
                 sampling: SamplingParams::greedy(),
                 stop_strings: Vec::new(),
                 stop_tokens: Vec::new(),
+                ignore_eos: false,
                 prompt_logprobs: None,
                 constraint: Some(c.clone()),
             })

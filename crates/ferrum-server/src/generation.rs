@@ -153,6 +153,7 @@ fn submit(
         max_tokens,
         sampling: p.sampling.clone(),
         stop: p.stop.clone(),
+        ignore_eos: p.ignore_eos,
         prompt_logprobs,
         constraint,
         events: tx,

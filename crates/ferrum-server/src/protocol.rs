@@ -53,6 +53,9 @@ pub struct GenFields {
     /// Structured output (see `structured.rs`): OpenAI's field, llama-server's
     /// GBNF `grammar`, and vLLM's `guided_*` extensions.
     pub response_format: Option<Value>,
+    /// vLLM's extension: keep generating past end-of-sequence tokens.
+    #[serde(default)]
+    pub ignore_eos: bool,
     pub grammar: Option<String>,
     pub guided_json: Option<Value>,
     pub guided_regex: Option<String>,
@@ -192,6 +195,7 @@ pub struct GenParams {
     pub logprobs: Option<usize>,
     pub stream: bool,
     pub include_usage: bool,
+    pub ignore_eos: bool,
 }
 
 fn range(
@@ -371,6 +375,7 @@ impl GenFields {
             n,
             logprobs,
             stream: self.stream,
+            ignore_eos: self.ignore_eos,
             include_usage: self
                 .stream_options
                 .as_ref()

@@ -18,6 +18,7 @@ pub struct Job {
     pub max_tokens: usize,
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
+    pub ignore_eos: bool,
     /// Score the prompt's tokens too (`echo` with `logprobs`), with this
     /// many alternatives each.
     pub prompt_logprobs: Option<usize>,
@@ -91,6 +92,7 @@ async fn run_job(engine: &Engine, job: Job) {
             sampling,
             stop_strings: job.stop.clone(),
             stop_tokens: Vec::new(),
+            ignore_eos: job.ignore_eos,
             prompt_logprobs: job.prompt_logprobs,
             constraint: job.constraint.clone(),
         };

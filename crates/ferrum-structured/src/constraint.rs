@@ -135,13 +135,16 @@ impl Constraint {
             .collect();
         let words = mask.as_slice();
         for (w, chunk) in logits.chunks_mut(32).enumerate() {
-            let bits = words.get(w).copied().unwrap_or(0);
-            if bits == u32::MAX {
-                continue;
-            }
-            for (b, l) in chunk.iter_mut().enumerate() {
-                if bits & (1 << b) == 0 {
-                    *l = f32::NEG_INFINITY;
+            match words.get(w).copied().unwrap_or(0) {
+                u32::MAX => {}
+                0 => chunk.fill(f32::NEG_INFINITY),
+                // Branch-free so the compiler can blend 8 lanes at a time:
+                // inside a JSON string most words are mixed.
+                bits => {
+                    for (b, l) in chunk.iter_mut().enumerate() {
+                        let keep = (bits >> b) & 1 != 0;
+                        *l = if keep { *l } else { f32::NEG_INFINITY };
+                    }
                 }
             }
         }

@@ -65,6 +65,14 @@ pub struct BenchServeArgs {
     cancel_fraction: f64,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Ask the server to ignore end-of-sequence tokens (vLLM's `ignore_eos`),
+    /// so every request generates --output-len tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Constrain every request to the JSON schema in FILE (`response_format`
+    /// json_schema): measures what structured output costs.
+    #[arg(long, value_name = "FILE")]
+    json_schema: Option<std::path::PathBuf>,
     /// Print the summary as JSON on the last line.
     #[arg(long)]
     json: bool,
@@ -217,7 +225,13 @@ fn first_model(base: &str) -> Result<String> {
 }
 
 /// Sends one streamed request; hangs up after `cancel_after` content chunks.
-fn one(a: &BenchServeArgs, model: &str, prompt: &str, cancel_after: Option<usize>) -> Sample {
+fn one(
+    a: &BenchServeArgs,
+    model: &str,
+    prompt: &str,
+    cancel_after: Option<usize>,
+    response_format: Option<&Value>,
+) -> Sample {
     let (path, mut body) = match a.endpoint {
         Endpoint::Completions => ("/v1/completions", json!({"prompt": prompt})),
         Endpoint::Chat => (
@@ -230,6 +244,12 @@ fn one(a: &BenchServeArgs, model: &str, prompt: &str, cancel_after: Option<usize
     body["temperature"] = json!(0.0);
     body["stream"] = json!(true);
     body["stream_options"] = json!({"include_usage": true});
+    if a.ignore_eos {
+        body["ignore_eos"] = json!(true);
+    }
+    if let Some(rf) = response_format {
+        body["response_format"] = rf.clone();
+    }
     let start = Instant::now();
     let mut s = Sample::default();
     let resp = match ureq::post(&format!("{}{path}", a.url))
@@ -309,6 +329,16 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
         None => first_model(&a.url)?,
     };
     let prompts = prompts(&a);
+    let response_format = match &a.json_schema {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read {}", p.display()))?;
+            let schema: Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", p.display()))?;
+            Some(json!({"type": "json_schema", "json_schema": {"name": "bench", "schema": schema}}))
+        }
+        None => None,
+    };
     let mut rng = StdRng::seed_from_u64(a.seed ^ 0x5eed);
     // Start offsets (Poisson arrivals) and which requests hang up early.
     let mut t = 0.0;
@@ -338,7 +368,7 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
                 };
                 let wait = Duration::from_secs_f64(start).saturating_sub(t0.elapsed());
                 std::thread::sleep(wait);
-                let s = one(&a, &model, &prompts[i], cancel);
+                let s = one(&a, &model, &prompts[i], cancel, response_format.as_ref());
                 if let Ok(mut v) = samples.lock() {
                     v.push(s);
                 }

@@ -193,6 +193,7 @@ impl Session<'_> {
             sampling: self.args.sampling(),
             stop_strings: self.args.stop.clone(),
             stop_tokens: Vec::new(),
+            ignore_eos: false,
             prompt_logprobs: None,
             constraint: self.constraint.clone(),
         };

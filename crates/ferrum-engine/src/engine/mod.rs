@@ -57,6 +57,9 @@ pub struct Request {
     pub stop_strings: Vec<String>,
     /// Tokens that end generation in addition to the tokenizer's own.
     pub stop_tokens: Vec<u32>,
+    /// Generate past the tokenizer's end-of-sequence tokens (vLLM's
+    /// `ignore_eos`: benchmarks that need every request at full length).
+    pub ignore_eos: bool,
     /// Score the prompt too: the log-probability of each prompt token after
     /// the first, with this many top alternatives ([`Event::PromptLogprobs`]).
     /// Such a prompt skips the prefix cache: cached positions have no logits.

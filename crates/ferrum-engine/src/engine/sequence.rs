@@ -55,7 +55,9 @@ impl<'t> Seq<'t> {
         capacity: usize,
     ) -> Self {
         let mut stop_tokens = req.stop_tokens;
-        stop_tokens.extend(tok.special().stop.iter().copied());
+        if !req.ignore_eos {
+            stop_tokens.extend(tok.special().stop.iter().copied());
+        }
         Self {
             id: format!("seq{arrival}"),
             arrival,
