@@ -19,14 +19,7 @@ use ferrum_tokenizer::Tokenizer;
 const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 fn load(pool: KvPoolConfig) -> Option<(LlamaModel<CpuBackend>, Arc<Tokenizer>)> {
-    let path = ferrum_formats::model_cache_dir().join(MODEL);
-    if !path.exists() {
-        eprintln!(
-            "skipping: {} not found (run ../shared/models/fetch.sh)",
-            path.display()
-        );
-        return None;
-    }
+    let path = ferrum_formats::cached_model(MODEL)?;
     let g = GgufFile::open(&path).unwrap();
     let tok = Arc::new(Tokenizer::from_gguf(&g).unwrap());
     let model = LlamaModel::<CpuBackend>::from_gguf_with(&g, &pool).unwrap();

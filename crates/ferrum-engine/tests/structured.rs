@@ -25,14 +25,7 @@ use serde_json::{json, Map, Value};
 const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 fn gguf() -> Option<GgufFile> {
-    let path = ferrum_formats::model_cache_dir().join(MODEL);
-    if !path.exists() {
-        eprintln!(
-            "skipping: {} not found (run ../shared/models/fetch.sh)",
-            path.display()
-        );
-        return None;
-    }
+    let path = ferrum_formats::cached_model(MODEL)?;
     Some(GgufFile::open(&path).unwrap())
 }
 

@@ -18,3 +18,17 @@ pub fn model_cache_dir() -> std::path::PathBuf {
             .join(".cache/ferrum/models"),
     }
 }
+
+/// `file` in the model cache, or `None` with a note on stderr: how tests
+/// that need a fetched model skip where `fetch.sh` has not run.
+pub fn cached_model(file: &str) -> Option<std::path::PathBuf> {
+    let path = model_cache_dir().join(file);
+    if path.exists() {
+        return Some(path);
+    }
+    eprintln!(
+        "skipping: {} not found (run ../shared/models/fetch.sh)",
+        path.display()
+    );
+    None
+}

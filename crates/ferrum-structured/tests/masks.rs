@@ -17,14 +17,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 fn tokenizer(file: &str) -> Option<Arc<Tokenizer>> {
-    let path = ferrum_formats::model_cache_dir().join(file);
-    if !path.exists() {
-        eprintln!(
-            "skipping: {} not found (run ../shared/models/fetch.sh)",
-            path.display()
-        );
-        return None;
-    }
+    let path = ferrum_formats::cached_model(file)?;
     let g = GgufFile::open(&path).unwrap();
     Some(Arc::new(Tokenizer::from_gguf(&g).unwrap()))
 }
