@@ -740,6 +740,20 @@ pub trait Backend: Send + Sync + Sized + 'static {
         len: usize,
     );
 
+    /// `dst[rows[i], :] += weights[i] · src[i, :]` for each of `rows.len()`
+    /// rows of `dim` values: a mixture-of-experts layer adds each expert's
+    /// output rows, weighted by the router, back to the tokens they came
+    /// from. `rows` holds distinct indices (a token goes to an expert once).
+    #[allow(clippy::too_many_arguments)]
+    fn scale_add_rows(
+        ctx: &mut Self::Context,
+        src: &Self::Buffer,
+        rows: &[u32],
+        weights: &[f32],
+        dst: &mut Self::Buffer,
+        dim: usize,
+    );
+
     /// `data[r, c] += bias[c]` (biased projections: BERT, Qwen2's QKV).
     fn add_bias(
         ctx: &mut Self::Context,

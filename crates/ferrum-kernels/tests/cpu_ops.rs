@@ -915,6 +915,27 @@ fn activations_and_adds() {
         for i in 0..n {
             assert_eq!(r[i], gu[n + i] + x[i]);
         }
+        // Expert rows scattered back, weighted: rows 2 and 0 of `acc`.
+        if tokens >= 3 {
+            let mut acc = buf(x);
+            B::scale_add_rows(
+                &mut (),
+                &buf(&gu[..2 * im]),
+                &[2, 0],
+                &[0.5, -2.0],
+                &mut acc,
+                im,
+            );
+            for i in 0..n {
+                let (row, c) = (i / im, i % im);
+                let want = match row {
+                    2 => x[i] + 0.5 * gu[c],
+                    0 => x[i] - 2.0 * gu[im + c],
+                    _ => x[i],
+                };
+                assert_eq!(acc[i], want, "scale_add_rows at {i}");
+            }
+        }
         let bias = rand_vec(&mut rng, im);
         let mut d = buf(x);
         B::add_bias(&mut (), &mut d, &buf(&bias), tokens, im);

@@ -221,6 +221,11 @@ fn elementwise_and_layout_ops() {
     C::add_inplace(&mut (), &mut cr, &cx, n);
     G::add_inplace(ctx, &mut gr, &gx, n);
     check("add_inplace", &gr, &cr, n);
+    let rows: Vec<u32> = (0..t as u32).rev().step_by(2).collect();
+    let w: Vec<f32> = (0..rows.len()).map(|r| 0.25 + r as f32).collect();
+    C::scale_add_rows(&mut (), &cx, &rows, &w, &mut cr, d);
+    G::scale_add_rows(ctx, &gx, &rows, &w, &mut gr, d);
+    check("scale_add_rows", &gr, &cr, n);
     C::add_bias(&mut (), &mut cr, &cb, t, d);
     G::add_bias(ctx, &mut gr, &gb, t, d);
     check("add_bias", &gr, &cr, n);

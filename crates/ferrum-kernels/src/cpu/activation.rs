@@ -51,6 +51,21 @@ pub(crate) fn add_inplace(residual: &mut [f32], x: &[f32], len: usize) {
     }
 }
 
+pub(crate) fn scale_add_rows(
+    src: &[f32],
+    rows: &[u32],
+    weights: &[f32],
+    dst: &mut [f32],
+    dim: usize,
+) {
+    for ((&r, &w), s) in rows.iter().zip(weights).zip(src.chunks_exact(dim)) {
+        let d = &mut dst[r as usize * dim..][..dim];
+        for (d, s) in d.iter_mut().zip(s) {
+            *d += w * s;
+        }
+    }
+}
+
 pub(crate) fn add_bias(data: &mut [f32], bias: &[f32], rows: usize, cols: usize) {
     let bias = &bias[..cols];
     rows_mut(&mut data[..rows * cols], cols, |_, r| simd::add(r, bias));

@@ -554,6 +554,17 @@ impl Backend for CpuBackend {
         activation::add_inplace(residual, x, len);
     }
 
+    fn scale_add_rows(
+        _ctx: &mut Self::Context,
+        src: &Self::Buffer,
+        rows: &[u32],
+        weights: &[f32],
+        dst: &mut Self::Buffer,
+        dim: usize,
+    ) {
+        activation::scale_add_rows(src, rows, weights, dst, dim);
+    }
+
     fn add_bias(
         _ctx: &mut Self::Context,
         data: &mut Self::Buffer,

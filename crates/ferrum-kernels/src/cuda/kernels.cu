@@ -75,6 +75,15 @@ extern "C" __global__ void layer_norm(const float* x, const float* g, const floa
 
 extern "C" __global__ void add_inplace(float* r, const float* x, int n) { GRID_LOOP(i, n) r[i] += x[i]; }
 
+// dst[rows[i], :] += w[i] * src[i, :]; rows are distinct within a call.
+extern "C" __global__ void scale_add_rows(const float* src, const unsigned* rows, const float* w,
+                                          float* dst, int n, int dim) {
+    GRID_LOOP(t, (size_t)n * dim) {
+        size_t i = t / dim, c = t % dim;
+        dst[(size_t)rows[i] * dim + c] += w[i] * src[t];
+    }
+}
+
 extern "C" __global__ void add_bias(float* d, const float* b, int rows, int cols) {
     GRID_LOOP(i, (size_t)rows * cols) d[i] += b[i % cols];
 }

@@ -555,6 +555,35 @@ impl Backend for CudaBackend {
         launch!(ctx, "add_inplace", linear(len), residual, x, &i(len));
     }
 
+    fn scale_add_rows(
+        ctx: &mut CudaContext,
+        src: &Self::Buffer,
+        rows: &[u32],
+        weights: &[f32],
+        dst: &mut Self::Buffer,
+        dim: usize,
+    ) {
+        let r = ctx.stream.clone_htod(rows);
+        let Some(dev_rows) = ctx.check(r, "upload of expert rows") else {
+            return;
+        };
+        let r = ctx.stream.clone_htod(weights);
+        let Some(dev_w) = ctx.check(r, "upload of expert weights") else {
+            return;
+        };
+        launch!(
+            ctx,
+            "scale_add_rows",
+            linear(rows.len() * dim),
+            src,
+            &dev_rows,
+            &dev_w,
+            dst,
+            &i(rows.len()),
+            &i(dim)
+        );
+    }
+
     fn add_bias(
         ctx: &mut CudaContext,
         data: &mut Self::Buffer,

@@ -16,7 +16,44 @@ pub enum Arch {
     Mistral,
     Qwen2,
     Qwen3,
+    /// Qwen3 attention with mixture-of-experts MLPs.
+    Qwen3Moe,
+    /// Mistral attention with mixture-of-experts MLPs (its GGUF files say
+    /// `llama` and carry expert counts).
+    Mixtral,
     Gemma3,
+}
+
+/// A mixture-of-experts MLP: a router picks `top_k` of `experts` gated
+/// MLPs per token and mixes their outputs by its softmax weights.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    pub experts: usize,
+    pub top_k: usize,
+    /// Each expert's MLP width.
+    pub intermediate: usize,
+    /// Renormalise the chosen experts' weights to sum to 1 (Mixtral,
+    /// Qwen3-MoE's `norm_topk_prob`).
+    pub norm_top_k: bool,
+    /// Per layer: is its MLP the mixture (else a dense MLP of the model's
+    /// `intermediate` width)?
+    pub sparse: Vec<bool>,
+}
+
+impl MoeConfig {
+    fn check(&self) -> Result<()> {
+        if self.experts == 0
+            || self.top_k == 0
+            || self.top_k > self.experts
+            || self.intermediate == 0
+        {
+            return Err(bad(format!(
+                "{} of {} experts of width {} is not a valid mixture",
+                self.top_k, self.experts, self.intermediate
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Gated MLP activation.
@@ -57,6 +94,7 @@ pub struct LlamaConfig {
     pub sandwich_norms: bool,
     pub act: Activation,
     pub final_softcap: Option<f32>,
+    pub moe: Option<MoeConfig>,
 }
 
 /// The per-pair frequency factors of a GGUF file's `rope_freqs.weight`
@@ -105,6 +143,9 @@ impl LlamaConfig {
                 "hidden size, vocabulary, layer count and MLP width must be positive",
             ));
         }
+        if let Some(m) = &self.moe {
+            m.check()?;
+        }
         Ok(self)
     }
 
@@ -143,7 +184,7 @@ impl LlamaConfig {
             sliding_window,
             sliding,
             qkv_bias: arch == Arch::Qwen2 || c.attention_bias == Some(true),
-            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3),
             attn_scale: match c.query_pre_attn_scalar {
                 Some(s) if gemma => 1.0 / (s as f32).sqrt(),
                 _ => 1.0 / (head_dim as f32).sqrt(),
@@ -156,6 +197,23 @@ impl LlamaConfig {
                 Activation::Silu
             },
             final_softcap: c.final_logit_softcapping.map(|v| v as f32),
+            moe: match arch {
+                Arch::Qwen3Moe | Arch::Mixtral => {
+                    let experts = c.num_experts.unwrap_or(0);
+                    let step = c.decoder_sparse_step.unwrap_or(1).max(1);
+                    Some(MoeConfig {
+                        experts,
+                        top_k: c.num_experts_per_tok.unwrap_or(0),
+                        // Mixtral's experts have the model's MLP width.
+                        intermediate: c.moe_intermediate_size.unwrap_or(c.intermediate_size),
+                        norm_top_k: arch == Arch::Mixtral || c.norm_topk_prob.unwrap_or(false),
+                        sparse: (0..c.num_hidden_layers)
+                            .map(|i| !c.mlp_only_layers.contains(&i) && (i + 1) % step == 0)
+                            .collect(),
+                    })
+                }
+                _ => None,
+            },
         }
         .check()
     }
@@ -191,6 +249,25 @@ impl LlamaConfig {
             },
         };
         let gemma = arch == Arch::Gemma3;
+        let experts = u("expert_count").unwrap_or(0);
+        let moe = if experts > 0 {
+            Some(MoeConfig {
+                experts,
+                top_k: u("expert_used_count")?,
+                intermediate: u("expert_feed_forward_length")
+                    .or_else(|_| u("feed_forward_length"))?,
+                // llama.cpp renormalises for both of these architectures.
+                norm_top_k: g
+                    .get(&key("expert_weights_norm"))
+                    .and_then(|v| v.as_bool())
+                    .unwrap_or(true),
+                sparse: (0..layers)
+                    .map(|i| g.tensor(&format!("blk.{i}.ffn_gate_inp.weight")).is_some())
+                    .collect(),
+            })
+        } else {
+            None
+        };
         let sliding_window = u("attention.sliding_window").unwrap_or(0);
         // llama.cpp's Gemma 3 pattern: every sixth layer is global.
         let sliding = (0..layers)
@@ -203,7 +280,8 @@ impl LlamaConfig {
         Self {
             arch,
             hidden,
-            intermediate: u("feed_forward_length")?,
+            // MoE files may give only the experts' width.
+            intermediate: u("feed_forward_length").or_else(|_| u("expert_feed_forward_length"))?,
             layers,
             heads,
             kv_heads: u("attention.head_count_kv").unwrap_or(heads),
@@ -232,6 +310,7 @@ impl LlamaConfig {
                 .get_f64(&key("final_logit_softcapping"))
                 .ok()
                 .map(|v| v as f32),
+            moe,
         }
         .check()
         .map_err(|e| g.error(e.to_string()))

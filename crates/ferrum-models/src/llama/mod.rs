@@ -8,6 +8,7 @@
 
 mod config;
 mod kv;
+mod moe;
 mod presets;
 mod weights;
 
@@ -20,10 +21,11 @@ use ferrum_kernels::{AttnConfig, AttnSegment, Backend, QkMode};
 use ferrum_kv::BlockCopy;
 use ferrum_types::{FerrumError, Result, TensorRef};
 
-pub use config::{Activation, Arch, LlamaConfig};
+pub use config::{Activation, Arch, LlamaConfig, MoeConfig};
 use kv::KvStore;
+use moe::MoeScratch;
 pub use presets::{preset, PRESETS};
-use weights::{Embedding, Source, Weights};
+use weights::{Embedding, Mlp, Source, Weights};
 
 use crate::llm::{kv_capacity_from_env, KvPoolConfig, LlmRuntimeConfig, LoadProgress};
 use crate::paged::{check_tokens, BatchItem, KvPool, PagedLlm};
@@ -178,6 +180,7 @@ pub struct LlamaModel<B: Backend> {
     kv: KvStore<B>,
     kv_capacity: usize,
     scratch: Scratch<B>,
+    moe_scratch: MoeScratch<B>,
     /// Passed where an op ignores its norm weight.
     empty: B::Buffer,
 }
@@ -278,6 +281,7 @@ impl<B: Backend> LlamaModel<B> {
             kv,
             kv_capacity,
             scratch: Scratch::new(),
+            moe_scratch: MoeScratch::new(),
             empty: B::alloc(0),
         }
     }
@@ -512,21 +516,41 @@ impl<B: Backend> LlamaModel<B> {
 
     /// Layer `l`'s gated MLP on `scratch.xn` and the residual into
     /// `scratch.x`, leaving the next layer's (or the final) norm of it in
-    /// `scratch.xn`. A mixture-of-experts block would take its place.
+    /// `scratch.xn`; a mixture of experts where the layer has one.
     fn mlp(&mut self, ctx: &mut B::Context, l: usize, rows: usize) -> Result<()> {
         let c = &self.cfg;
         let (h, im, eps) = (c.hidden, c.intermediate, c.rms_eps);
         let (s, w) = (&mut self.scratch, &self.w);
         let lw = &w.layers[l];
-        lw.gate_up
-            .forward(ctx, &s.xn, &mut s.gate_up, rows, 2 * im, h)?;
-        match c.act {
-            Activation::Silu => B::fused_silu_mul_split(ctx, &s.gate_up, &mut s.act, rows, im),
-            Activation::GeluTanh => {
-                B::fused_gelu_tanh_mul_split(ctx, &s.gate_up, &mut s.act, rows, im)
+        match (&lw.mlp, &c.moe) {
+            (Mlp::Dense { gate_up, down }, _) => {
+                gate_up.forward(ctx, &s.xn, &mut s.gate_up, rows, 2 * im, h)?;
+                match c.act {
+                    Activation::Silu => {
+                        B::fused_silu_mul_split(ctx, &s.gate_up, &mut s.act, rows, im)
+                    }
+                    Activation::GeluTanh => {
+                        B::fused_gelu_tanh_mul_split(ctx, &s.gate_up, &mut s.act, rows, im)
+                    }
+                }
+                down.forward(ctx, &s.act, &mut s.o, rows, h, im)?;
+            }
+            (Mlp::Moe(moe), Some(m)) => moe.forward(
+                ctx,
+                m,
+                c.act,
+                &mut self.moe_scratch,
+                &s.xn,
+                &mut s.o,
+                rows,
+                h,
+            )?,
+            (Mlp::Moe(_), None) => {
+                return Err(FerrumError::invalid(
+                    "expert weights without an expert config",
+                ))
             }
         }
-        lw.down.forward(ctx, &s.act, &mut s.o, rows, h, im)?;
         // Residual + the next layer's (or the final) norm.
         let next_norm = match w.layers.get(l + 1) {
             Some(next) => &next.attn_norm,

@@ -51,5 +51,6 @@ pub fn preset(name: &str) -> Option<LlamaConfig> {
         sandwich_norms: false,
         act: Activation::Silu,
         final_softcap: None,
+        moe: None,
     })
 }

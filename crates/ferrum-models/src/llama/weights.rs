@@ -15,7 +15,8 @@ use ferrum_kernels::quant::{dequantize, random_blocks};
 use ferrum_kernels::{Backend, GgufQuantType, QuantKind, QuantWeights};
 use ferrum_types::{FerrumError, Result};
 
-use super::config::{Arch, LlamaConfig};
+use super::config::{Arch, LlamaConfig, MoeConfig};
+use super::moe::{Expert, MoeWeights};
 use crate::LoadProgress;
 
 /// Where weights come from.
@@ -460,9 +461,30 @@ pub struct LayerWeights<B: Backend> {
     pub post_attn_norm: Option<B::Buffer>,
     pub ffn_norm: B::Buffer,
     pub post_ffn_norm: Option<B::Buffer>,
-    /// Fused `[2·intermediate, hidden]`, gate rows first.
-    pub gate_up: Linear<B>,
-    pub down: Linear<B>,
+    pub mlp: Mlp<B>,
+}
+
+/// A layer's MLP.
+pub enum Mlp<B: Backend> {
+    /// `gate_up` fused `[2·intermediate, hidden]`, gate rows first.
+    Dense {
+        gate_up: Linear<B>,
+        down: Linear<B>,
+    },
+    Moe(MoeWeights<B>),
+}
+
+impl<B: Backend> Mlp<B> {
+    fn linears_mut(&mut self) -> Vec<&mut Linear<B>> {
+        match self {
+            Mlp::Dense { gate_up, down } => vec![gate_up, down],
+            Mlp::Moe(m) => m
+                .experts
+                .iter_mut()
+                .flat_map(|e| [&mut e.gate_up, &mut e.down])
+                .collect(),
+        }
+    }
 }
 
 pub struct Weights<B: Backend> {
@@ -491,10 +513,109 @@ impl<B: Backend> Weights<B> {
                 Qkv::Split { parts, .. } => parts.iter_mut().for_each(|w| w.set_int8_input(on)),
             }
             l.o.set_int8_input(on);
-            l.gate_up.set_int8_input(on);
-            l.down.set_int8_input(on);
+            l.mlp
+                .linears_mut()
+                .into_iter()
+                .for_each(|w| w.set_int8_input(on));
         }
     }
+}
+
+/// The `experts` matrices `[rows, k]` of one stacked GGUF tensor
+/// (`[experts, rows, k]`, expert-major): each keeps its blocks.
+fn read_stacked(
+    g: &GgufFile,
+    name: &str,
+    experts: usize,
+    rows: usize,
+    k: usize,
+) -> Result<Vec<Raw>> {
+    let t = g.tensor(name).ok_or_else(|| missing(name))?;
+    let numel = experts * rows * k;
+    if t.numel() != numel as u64 {
+        return Err(FerrumError::invalid(format!(
+            "tensor {name} has shape {:?}, expected {experts} experts of [{rows}, {k}]",
+            t.shape()
+        )));
+    }
+    let data = g.tensor_data(t);
+    match GgufQuantType::from_ggml(t.ty) {
+        Some(ty) => {
+            let bytes = Bytes::mapped(g, t);
+            let per = bytes.len() / experts;
+            Ok((0..experts)
+                .map(|e| Raw::Blocks {
+                    bytes: bytes[e * per..(e + 1) * per].to_vec().into(),
+                    ty,
+                })
+                .collect())
+        }
+        None => {
+            let mut all = vec![0f32; numel];
+            dequantize(t.ty, data, &mut all).map_err(|e| g.error(format!("tensor {name}: {e}")))?;
+            Ok(all
+                .chunks_exact(rows * k)
+                .map(|c| Raw::F32(c.to_vec()))
+                .collect())
+        }
+    }
+}
+
+/// Layer `i`'s router and experts: GGUF's stacked `ffn_*_exps` tensors, or
+/// Hugging Face's per-expert ones (Qwen3-MoE's `mlp.experts.{e}.*_proj`,
+/// Mixtral's `block_sparse_moe.experts.{e}.w1/w3/w2`).
+fn load_moe<B: Backend>(
+    src: &Source,
+    arch: Arch,
+    m: &MoeConfig,
+    i: usize,
+    h: usize,
+) -> Result<MoeWeights<B>> {
+    let (ne, im) = (m.experts, m.intermediate);
+    let (router, gates, ups, downs) = match src {
+        Source::Gguf(g) => {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            (
+                require(src, &n("ffn_gate_inp.weight"), ne * h)?,
+                read_stacked(g, &n("ffn_gate_exps.weight"), ne, im, h)?,
+                read_stacked(g, &n("ffn_up_exps.weight"), ne, im, h)?,
+                read_stacked(g, &n("ffn_down_exps.weight"), ne, h, im)?,
+            )
+        }
+        Source::Hf(_) => {
+            let (block, [gate, up, down]) = match arch {
+                Arch::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+                _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+            };
+            let p = format!("model.layers.{i}.{block}");
+            let each = |w: &str, rows: usize, k: usize| -> Result<Vec<Raw>> {
+                (0..ne)
+                    .map(|e| require(src, &format!("{p}.experts.{e}.{w}.weight"), rows * k))
+                    .collect()
+            };
+            (
+                require(src, &format!("{p}.gate.weight"), ne * h)?,
+                each(gate, im, h)?,
+                each(up, im, h)?,
+                each(down, h, im)?,
+            )
+        }
+    };
+    let experts = gates
+        .into_iter()
+        .zip(ups)
+        .zip(downs)
+        .map(|((g, u), d)| {
+            Ok(Expert {
+                gate_up: Linear::upload(fuse_or_f32(vec![(g, im), (u, im)], h)?, 2 * im, h)?,
+                down: Linear::upload(d, h, im)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(MoeWeights {
+        router: Linear::upload(router, ne, h)?,
+        experts,
+    })
 }
 
 /// llama.cpp interleaves Q/K rows in GGUF `llama` checkpoints; this maps
@@ -579,13 +700,22 @@ impl<B: Backend> Weights<B> {
                     }
                 }
             };
-            let gate_up = fuse_or_f32(
-                vec![
-                    (require(src, &name(Gate, i), im * h)?, im),
-                    (require(src, &name(Up, i), im * h)?, im),
-                ],
-                h,
-            )?;
+            let mlp = match &cfg.moe {
+                Some(m) if m.sparse[i] => Mlp::Moe(load_moe(src, cfg.arch, m, i, h)?),
+                _ => {
+                    let gate_up = fuse_or_f32(
+                        vec![
+                            (require(src, &name(Gate, i), im * h)?, im),
+                            (require(src, &name(Up, i), im * h)?, im),
+                        ],
+                        h,
+                    )?;
+                    Mlp::Dense {
+                        gate_up: Linear::upload(gate_up, 2 * im, h)?,
+                        down: Linear::upload(require(src, &name(Down, i), h * im)?, h, im)?,
+                    }
+                }
+            };
             let opt_norm =
                 |role, n| -> Result<Option<B::Buffer>> { Ok(Some(norm(&name(role, i), n)?)) };
             layers.push(LayerWeights {
@@ -613,8 +743,7 @@ impl<B: Backend> Weights<B> {
                 } else {
                     None
                 },
-                gate_up: Linear::upload(gate_up, 2 * im, h)?,
-                down: Linear::upload(require(src, &name(Down, i), h * im)?, h, im)?,
+                mlp,
             });
             progress(i + 1, cfg.layers + 1);
         }
@@ -715,8 +844,10 @@ impl<B: Backend> Weights<B> {
                 post_attn_norm: cfg.sandwich_norms.then(|| ones(h)),
                 ffn_norm: ones(h),
                 post_ffn_norm: cfg.sandwich_norms.then(|| ones(h)),
-                gate_up: linear(2 * im, h)?,
-                down: linear(h, im)?,
+                mlp: Mlp::Dense {
+                    gate_up: linear(2 * im, h)?,
+                    down: linear(h, im)?,
+                },
             });
         }
         let lm_head = Some(linear(cfg.vocab, h)?);
