@@ -20,6 +20,8 @@ pub struct RopeParams {
     pub low_freq_factor: f64,
     pub high_freq_factor: f64,
     pub original_max_position_embeddings: Option<usize>,
+    /// The fraction of each head's dimensions that rotate (Phi-3: 0.5...).
+    pub partial_rotary_factor: f64,
 }
 
 /// The fields of `config.json` Ferrum reads. Model code turns these into its
@@ -52,6 +54,7 @@ pub struct HfConfig {
     pub hidden_act: Option<String>,
     pub hidden_activation: Option<String>,
     pub attention_bias: Option<bool>,
+    pub partial_rotary_factor: Option<f64>,
     #[serde(alias = "num_local_experts")]
     pub num_experts: Option<usize>,
     pub num_experts_per_tok: Option<usize>,
@@ -82,6 +85,7 @@ fn rope_from(v: &Value, fallback_theta: f64) -> RopeParams {
             .get("original_max_position_embeddings")
             .and_then(Value::as_u64)
             .map(|x| x as usize),
+        partial_rotary_factor: f("partial_rotary_factor").unwrap_or(1.0),
     }
 }
 
@@ -163,10 +167,15 @@ impl HfConfig {
                 return rope_from(p, theta);
             }
         }
-        match &self.rope_scaling {
+        let mut r = match &self.rope_scaling {
             Some(s) if s.is_object() => rope_from(s, theta),
             _ => rope_from(&Value::Null, theta),
+        };
+        // Older configs give the factor at the top level.
+        if let Some(f) = self.partial_rotary_factor {
+            r.partial_rotary_factor = f;
         }
+        r
     }
 
     /// Whether layer `i` uses sliding-window attention: `layer_types` when

@@ -33,6 +33,7 @@ fn causal(nh: usize, nkv: usize, hd: usize) -> AttnConfig {
         scale: 1.0 / (hd as f32).sqrt(),
         kv_seq_stride: 0,
         sliding_window: 0,
+        softcap: 0.0,
     }
 }
 

@@ -162,6 +162,9 @@ pub struct AttnConfig {
     /// keys at positions `j` with `p - j < w` (the `w` most recent positions,
     /// itself included), in addition to the causal bound. `0` disables it.
     pub sliding_window: usize,
+    /// Gemma 2's attention logit soft-capping: scaled scores `s` become
+    /// `c · tanh(s / c)` before the mask and softmax. `0` disables it.
+    pub softcap: f32,
 }
 
 impl Default for AttnConfig {
@@ -173,6 +176,7 @@ impl Default for AttnConfig {
             causal: false,
             scale: 1.0,
             kv_seq_stride: 0,
+            softcap: 0.0,
             sliding_window: 0,
         }
     }

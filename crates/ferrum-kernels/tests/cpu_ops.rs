@@ -143,6 +143,10 @@ fn ref_attention(
                             .zip(krow)
                             .map(|(&x, &y)| x as f64 * y as f64)
                             .sum::<f64>();
+                    if cfg.softcap > 0.0 {
+                        let c = cfg.softcap as f64;
+                        *s = c * (*s / c).tanh();
+                    }
                 }
                 let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 if mx == f64::NEG_INFINITY {
@@ -177,12 +181,45 @@ fn check_attention(
     window: usize,
     seed: u64,
 ) {
+    check_attention_capped(
+        batch,
+        nkv,
+        group,
+        hd,
+        q_len,
+        kv_len,
+        pos_offset,
+        extra_stride,
+        causal,
+        window,
+        0.0,
+        seed,
+    );
+}
+
+/// [`check_attention`] with Gemma 2's logit soft-capping at `softcap`.
+#[allow(clippy::too_many_arguments)]
+fn check_attention_capped(
+    batch: usize,
+    nkv: usize,
+    group: usize,
+    hd: usize,
+    q_len: usize,
+    kv_len: usize,
+    pos_offset: usize,
+    extra_stride: usize,
+    causal: bool,
+    window: usize,
+    softcap: f32,
+    seed: u64,
+) {
     let mut rng = StdRng::seed_from_u64(seed);
     let nh = nkv * group;
     let stride = kv_len + extra_stride;
     let cfg = AttnConfig {
         causal,
         kv_seq_stride: if extra_stride == 0 { 0 } else { stride },
+        softcap,
         ..causal_cfg(nkv, group, hd, window)
     };
     // Scores of O(3) so the softmax is neither flat nor one-hot.
@@ -258,6 +295,9 @@ fn attention_batched_long_context() {
     check_attention(2, 3, 3, 64, 130, 300, 170, 20, true, 0, 7);
     check_attention(2, 2, 4, 128, 1, 1000, 999, 24, true, 0, 8);
     check_attention(1, 1, 2, 80, 64, 64, 0, 0, true, 48, 9);
+    // Soft-capped scores (Gemma 2): scores of O(3) capped at 2 and 0.5.
+    check_attention_capped(1, 2, 2, 32, 20, 40, 20, 0, true, 8, 2.0, 12);
+    check_attention_capped(2, 1, 4, 64, 1, 300, 299, 3, true, 0, 0.5, 13);
     // Single queries whose keys are split over tasks and merged: one KV
     // head, over a window that starts off a tile boundary, and unwindowed
     // at the most chunks.
@@ -280,6 +320,7 @@ fn attention_window_of_one_copies_own_value() {
         scale: 0.5,
         kv_seq_stride: 0,
         sliding_window: 1,
+        softcap: 0.0,
     };
     let q = rand_vec(&mut rng, nkv * group * q_len * hd);
     let k = rand_vec(&mut rng, nkv * kv_len * hd);
@@ -338,6 +379,7 @@ fn causal_cfg(nkv: usize, group: usize, hd: usize, window: usize) -> AttnConfig 
         scale: 1.0 / (hd as f32).sqrt(),
         kv_seq_stride: 0,
         sliding_window: window,
+        softcap: 0.0,
     }
 }
 

@@ -164,6 +164,8 @@ fn attention_matches_cpu() {
             scale: 1.0 / (hd as f32).sqrt(),
             kv_seq_stride: stride,
             sliding_window: win,
+            // Gemma 2's logit soft-capping on the windowed cases.
+            softcap: if win > 0 { 0.5 } else { 0.0 },
         };
         let ((cq, gq), (ck, gk), (cv, gv)) = (up(&q), up(&k), up(&v));
         let (mut co, mut go) = (C::alloc(q.len()), G::alloc(q.len()));

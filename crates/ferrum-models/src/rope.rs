@@ -102,8 +102,23 @@ impl RopeSpec {
 
     /// `cos` and `sin` tables `[positions, head_dim / 2]`.
     pub fn tables(&self, positions: usize, head_dim: usize) -> (Vec<f32>, Vec<f32>) {
-        let inv = self.inv_freq(head_dim);
+        self.partial_tables(positions, head_dim, head_dim)
+    }
+
+    /// Tables where only `rotary` of the `head_dim` dimensions rotate
+    /// (partial rotary, Phi-3): pairs past `rotary / 2` keep angle 0. The
+    /// model orders each head's Q/K dimensions to match (see
+    /// `llama::weights::partial_rotary_row_of`), so one rotate-half kernel
+    /// serves both.
+    pub fn partial_tables(
+        &self,
+        positions: usize,
+        head_dim: usize,
+        rotary: usize,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let mut inv = self.inv_freq(rotary);
         let half = head_dim / 2;
+        inv.resize(half, 0.0);
         let mut cos = vec![0f32; positions * half];
         let mut sin = vec![0f32; positions * half];
         for p in 0..positions {

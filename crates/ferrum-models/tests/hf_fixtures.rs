@@ -29,6 +29,8 @@ const CAUSAL: &[&str] = &[
     "gemma3",
     "qwen3-moe",
     "mixtral",
+    "phi3",
+    "gemma2",
 ];
 
 fn fixture(name: &str) -> Option<(PathBuf, Value)> {

@@ -505,6 +505,14 @@ fn attend_block<E: Elem, R: KvRows>(
                 let tile = &offs[j0 - t0..j1 - t0];
                 let s = &mut scores[r * KV_TILE..end * KV_TILE];
                 simd::dot_many(&qs[..end - r], k, tile, cfg.scale, s, KV_TILE);
+                if cfg.softcap > 0.0 {
+                    let (c, inv) = (cfg.softcap, 1.0 / cfg.softcap);
+                    for row in s.chunks_exact_mut(KV_TILE) {
+                        row[..j1 - j0]
+                            .iter_mut()
+                            .for_each(|x| *x = c * (*x * inv).tanh());
+                    }
+                }
                 for (i, s) in s.chunks_exact_mut(KV_TILE).enumerate() {
                     let s = &mut s[..j1 - j0];
                     let row = r + i;

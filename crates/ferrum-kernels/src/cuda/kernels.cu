@@ -189,7 +189,7 @@ extern "C" __global__ void qk_norm_rope(const float* in, const float* nw, const 
 // (flash-decoding: a decode step has too few queries to fill the GPU).
 extern "C" __global__ void attention(const float* q, const float* k, const float* v, float* out, float* part,
                                      int nh, int nkv, int ql, int kvl, int stride, int hd, int pos_offset,
-                                     int causal, float scale, int window, int tile) {
+                                     int causal, float scale, int window, int tile, float softcap) {
     extern __shared__ float smem[];
     float* ks = smem;
     float* vs = smem + tile * hd;
@@ -225,6 +225,7 @@ extern "C" __global__ void attention(const float* q, const float* k, const float
             float s = 0.f;
             for (int t = 0; t < per; t++) { int d = lane + 32 * t; if (d < hd) s += qv[t] * kr[d]; }
             s = warp_sum(s);
+            if (softcap > 0.f) s = softcap * tanhf(s / softcap);
             float mn = fmaxf(m, s), corr = __expf(m - mn), pj = __expf(s - mn);
             l = l * corr + pj;
             const float* vr = vb + (size_t)j * hd;
@@ -247,6 +248,7 @@ extern "C" __global__ void attention(const float* q, const float* k, const float
             float s = 0.f;
             for (int t = 0; t < per; t++) { int d = lane + 32 * t; if (d < hd) s += qv[t] * kr[d]; }
             s = warp_sum(s);
+            if (softcap > 0.f) s = softcap * tanhf(s / softcap);
             float mn = fmaxf(m, s), corr = __expf(m - mn), pj = __expf(s - mn);
             l = l * corr + pj;
             const float* vr = vs + j * hd;

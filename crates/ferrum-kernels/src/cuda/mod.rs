@@ -340,7 +340,8 @@ impl Backend for CudaBackend {
             &i(cfg.causal as usize),
             &cfg.scale,
             &i(cfg.sliding_window),
-            &i(tile)
+            &i(tile),
+            &cfg.softcap
         );
         if splits > 1 {
             let lc = LaunchConfig {

@@ -141,6 +141,7 @@ impl<B: Backend> BertModel<B> {
             scale: 1.0 / (hd as f32).sqrt(),
             kv_seq_stride: 0,
             sliding_window: 0,
+            softcap: 0.0,
         };
         let e = &self.empty;
         for lw in &self.w.layers {

@@ -16,12 +16,25 @@ pub enum Arch {
     Mistral,
     Qwen2,
     Qwen3,
+    /// Fused QKV and gate/up projections, partial rotary.
+    Phi3,
     /// Qwen3 attention with mixture-of-experts MLPs.
     Qwen3Moe,
     /// Mistral attention with mixture-of-experts MLPs (its GGUF files say
     /// `llama` and carry expert counts).
     Mixtral,
+    /// Sandwich norms, GeGLU, attention and final logit soft-capping,
+    /// alternating sliding-window layers.
+    Gemma2,
     Gemma3,
+}
+
+impl Arch {
+    /// Gemma's common traits: `√hidden` embedding scale, sandwich norms,
+    /// GeGLU, `query_pre_attn_scalar`, `(1 + w)` norms in HF files.
+    pub fn is_gemma(self) -> bool {
+        matches!(self, Arch::Gemma2 | Arch::Gemma3)
+    }
 }
 
 /// A mixture-of-experts MLP: a router picks `top_k` of `experts` gated
@@ -74,6 +87,8 @@ pub struct LlamaConfig {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// Dimensions of each head that rotate (`head_dim` unless partial).
+    pub rotary_dims: usize,
     pub vocab: usize,
     pub max_seq_len: usize,
     pub rms_eps: f32,
@@ -94,6 +109,8 @@ pub struct LlamaConfig {
     pub sandwich_norms: bool,
     pub act: Activation,
     pub final_softcap: Option<f32>,
+    /// Attention logits soft-capped at this value (Gemma 2).
+    pub attn_softcap: Option<f32>,
     pub moe: Option<MoeConfig>,
 }
 
@@ -138,6 +155,15 @@ impl LlamaConfig {
                 self.head_dim
             )));
         }
+        if self.rotary_dims == 0
+            || self.rotary_dims > self.head_dim
+            || !self.rotary_dims.is_multiple_of(2)
+        {
+            return Err(bad(format!(
+                "{} rotary dimensions do not fit a head of {}",
+                self.rotary_dims, self.head_dim
+            )));
+        }
         if self.hidden == 0 || self.vocab == 0 || self.layers == 0 || self.intermediate == 0 {
             return Err(bad(
                 "hidden size, vocabulary, layer count and MLP width must be positive",
@@ -155,9 +181,13 @@ impl LlamaConfig {
         let head_dim = c.head_dim();
         let max_seq_len = c.max_position_embeddings.unwrap_or(4096);
         let rope_of = |t: Option<&str>| RopeSpec::from_hf(&c.rope(t), max_seq_len).map_err(bad);
-        let gemma = arch == Arch::Gemma3;
+        let gemma = arch.is_gemma();
+        // Gemma 3 has its own RoPE for sliding layers.
+        let gemma3 = arch == Arch::Gemma3;
         let sliding_window = match arch {
-            Arch::Mistral | Arch::Gemma3 => c.sliding_window.unwrap_or(0),
+            Arch::Mistral | Arch::Gemma2 | Arch::Gemma3 | Arch::Phi3 => {
+                c.sliding_window.unwrap_or(0)
+            }
             _ if c.use_sliding_window == Some(true) => c.sliding_window.unwrap_or(0),
             _ => 0,
         };
@@ -172,11 +202,13 @@ impl LlamaConfig {
             heads: c.num_attention_heads,
             kv_heads: c.num_kv_heads(),
             head_dim,
+            rotary_dims: ((head_dim as f64 * c.rope(None).partial_rotary_factor) as usize)
+                .min(head_dim),
             vocab: c.vocab_size,
             max_seq_len,
             rms_eps: c.rms_norm_eps.unwrap_or(1e-6) as f32,
-            rope: rope_of(gemma.then_some("full_attention"))?,
-            rope_local: if gemma {
+            rope: rope_of(gemma3.then_some("full_attention"))?,
+            rope_local: if gemma3 {
                 Some(rope_of(Some("sliding_attention"))?)
             } else {
                 None
@@ -197,6 +229,7 @@ impl LlamaConfig {
                 Activation::Silu
             },
             final_softcap: c.final_logit_softcapping.map(|v| v as f32),
+            attn_softcap: c.attn_logit_softcapping.map(|v| v as f32),
             moe: match arch {
                 Arch::Qwen3Moe | Arch::Mixtral => {
                     let experts = c.num_experts.unwrap_or(0);
@@ -248,7 +281,7 @@ impl LlamaConfig {
                 None => RopeScaling::None,
             },
         };
-        let gemma = arch == Arch::Gemma3;
+        let gemma = arch.is_gemma();
         let experts = u("expert_count").unwrap_or(0);
         let moe = if experts > 0 {
             Some(MoeConfig {
@@ -273,7 +306,9 @@ impl LlamaConfig {
         let sliding = (0..layers)
             .map(|i| match arch {
                 Arch::Gemma3 => sliding_window > 0 && (i + 1) % 6 != 0,
-                Arch::Mistral => sliding_window > 0,
+                // llama.cpp's Gemma 2 pattern: even layers slide.
+                Arch::Gemma2 => sliding_window > 0 && i % 2 == 0,
+                Arch::Mistral | Arch::Phi3 => sliding_window > 0,
                 _ => false,
             })
             .collect();
@@ -286,6 +321,7 @@ impl LlamaConfig {
             heads,
             kv_heads: u("attention.head_count_kv").unwrap_or(heads),
             head_dim,
+            rotary_dims: u("rope.dimension_count").unwrap_or(head_dim),
             vocab,
             max_seq_len: u("context_length").unwrap_or(4096),
             rms_eps: g
@@ -293,7 +329,7 @@ impl LlamaConfig {
                 .unwrap_or(1e-6) as f32,
             rope: RopeSpec { theta, scaling },
             // llama.cpp hard-codes Gemma 3's local base.
-            rope_local: gemma.then(|| RopeSpec::plain(10_000.0)),
+            rope_local: (arch == Arch::Gemma3).then(|| RopeSpec::plain(10_000.0)),
             sliding_window,
             sliding,
             qkv_bias: g.tensor("blk.0.attn_q.bias").is_some(),
@@ -308,6 +344,10 @@ impl LlamaConfig {
             },
             final_softcap: g
                 .get_f64(&key("final_logit_softcapping"))
+                .ok()
+                .map(|v| v as f32),
+            attn_softcap: g
+                .get_f64(&key("attn_logit_softcapping"))
                 .ok()
                 .map(|v| v as f32),
             moe,

@@ -258,9 +258,11 @@ impl<B: Backend> LlamaModel<B> {
             tokens,
             kv_capacity,
         );
-        let (cos, sin) = cfg.rope.tables(kv_capacity, cfg.head_dim);
+        let (cos, sin) = cfg
+            .rope
+            .partial_tables(kv_capacity, cfg.head_dim, cfg.rotary_dims);
         let local_rope = cfg.rope_local.as_ref().map(|r| {
-            let (c, s) = r.tables(kv_capacity, cfg.head_dim);
+            let (c, s) = r.partial_tables(kv_capacity, cfg.head_dim, cfg.rotary_dims);
             (B::from_slice(&c), B::from_slice(&s))
         });
         let rt = LlmRuntimeConfig {
@@ -366,6 +368,7 @@ impl<B: Backend> LlamaModel<B> {
             scale: c.attn_scale,
             kv_seq_stride: 0,
             sliding_window: if sliding { c.sliding_window } else { 0 },
+            softcap: c.attn_softcap.unwrap_or(0.0),
         };
         // Several sequences' attention goes to the backend in one call
         // where it has a kernel for that (chunks of ATTN_CHUNK on the

@@ -52,5 +52,7 @@ pub fn preset(name: &str) -> Option<LlamaConfig> {
         act: Activation::Silu,
         final_softcap: None,
         moe: None,
+        attn_softcap: None,
+        rotary_dims: head_dim,
     })
 }

@@ -44,6 +44,9 @@ enum Role {
     Gate,
     Up,
     Down,
+    /// Phi-3's fused projections: `[q; k; v]` rows, and `[gate; up]`.
+    QkvFused,
+    GateUpFused,
 }
 
 fn layer_name(src: &Source, arch: Arch, role: Role, i: usize) -> String {
@@ -65,13 +68,14 @@ fn layer_name(src: &Source, arch: Arch, role: Role, i: usize) -> String {
                 FfnNorm => "ffn_norm.weight",
                 PostFfnNorm => "post_ffw_norm.weight",
                 Gate => "ffn_gate.weight",
-                Up => "ffn_up.weight",
+                Up | GateUpFused => "ffn_up.weight",
                 Down => "ffn_down.weight",
+                QkvFused => "attn_qkv.weight",
             };
             format!("blk.{i}.{s}")
         }
         Source::Hf(_) => {
-            let gemma = arch == Arch::Gemma3;
+            let gemma = arch.is_gemma();
             let s = match role {
                 AttnNorm => "input_layernorm.weight",
                 Q => "self_attn.q_proj.weight",
@@ -92,6 +96,8 @@ fn layer_name(src: &Source, arch: Arch, role: Role, i: usize) -> String {
                 Gate => "mlp.gate_proj.weight",
                 Up => "mlp.up_proj.weight",
                 Down => "mlp.down_proj.weight",
+                QkvFused => "self_attn.qkv_proj.weight",
+                GateUpFused => "mlp.gate_up_proj.weight",
             };
             format!("model.layers.{i}.{s}")
         }
@@ -149,6 +155,32 @@ impl Raw {
                 Ok(out)
             }
         }
+    }
+
+    /// Cuts `total` rows into consecutive parts of `parts` rows each.
+    fn split_rows(self, total: usize, parts: &[usize]) -> Vec<Raw> {
+        let mut out = Vec::with_capacity(parts.len());
+        let mut at = 0;
+        match self {
+            Raw::F32(v) => {
+                let w = v.len() / total;
+                for &n in parts {
+                    out.push(Raw::F32(v[at * w..(at + n) * w].to_vec()));
+                    at += n;
+                }
+            }
+            Raw::Blocks { bytes, ty } => {
+                let w = bytes.len() / total;
+                for &n in parts {
+                    out.push(Raw::Blocks {
+                        bytes: bytes[at * w..(at + n) * w].to_vec().into(),
+                        ty,
+                    });
+                    at += n;
+                }
+            }
+        }
+        out
     }
 
     /// Reorders rows: row `dst` of the result is row `src_of(dst)` here.
@@ -618,6 +650,27 @@ fn load_moe<B: Backend>(
     })
 }
 
+/// Partial rotary (Phi-3) in the rotate-half kernel: within a head, the
+/// `rot` rotating dimensions pair `j` with `j + rot/2`, the kernel pairs
+/// `j` with `j + hd/2`. Reordering Q and K rows alike leaves every `q·k`
+/// unchanged, so each head is laid out as: rotating first halves, then
+/// non-rotating ones, then the rotating second halves, then the rest; the
+/// tables give the non-rotating pairs angle 0 (`RopeSpec::partial_tables`).
+fn partial_rotary_row_of(hd: usize, rot: usize) -> impl Fn(usize) -> usize {
+    let (half, rh, fixed_half) = (hd / 2, rot / 2, (hd - rot) / 2);
+    move |dst| {
+        let (h, slot) = (dst / hd, dst % hd);
+        let (j, second) = (slot % half, slot >= half);
+        let src = match (j < rh, second) {
+            (true, false) => j,
+            (true, true) => j + rh,
+            (false, false) => rot + (j - rh),
+            (false, true) => rot + fixed_half + (j - rh),
+        };
+        h * hd + src
+    }
+}
+
 /// llama.cpp interleaves Q/K rows in GGUF `llama` checkpoints; this maps
 /// each row of the original (half-split RoPE) order to its GGUF row: within
 /// a head, original row `j·hd/2 + i` is GGUF row `2i + j`.
@@ -638,7 +691,7 @@ impl<B: Backend> Weights<B> {
         let (qd, kvd, im) = (nh * hd, nkv * hd, cfg.intermediate);
         let gguf = matches!(src, Source::Gguf(_));
         // HF Gemma stores norm weights as offsets from 1 (GGUF already adds it).
-        let norm_shift = if cfg.arch == Arch::Gemma3 && !gguf {
+        let norm_shift = if cfg.arch.is_gemma() && !gguf {
             1.0
         } else {
             0.0
@@ -663,13 +716,28 @@ impl<B: Backend> Weights<B> {
         let mut layers = Vec::with_capacity(cfg.layers);
         for i in 0..cfg.layers {
             use Role::*;
-            let mut q = require(src, &name(Q, i), qd * h)?;
-            let mut k = require(src, &name(K, i), kvd * h)?;
+            let (mut q, mut k, v) = if cfg.arch == Arch::Phi3 {
+                let fused = require(src, &name(QkvFused, i), (qd + 2 * kvd) * h)?;
+                let [q, k, v]: [Raw; 3] = fused
+                    .split_rows(qd + 2 * kvd, &[qd, kvd, kvd])
+                    .try_into()
+                    .map_err(|_| FerrumError::invalid("qkv split into other than 3 parts"))?;
+                (q, k, v)
+            } else {
+                (
+                    require(src, &name(Q, i), qd * h)?,
+                    require(src, &name(K, i), kvd * h)?,
+                    require(src, &name(V, i), kvd * h)?,
+                )
+            };
             if permuted {
                 q = q.permute_rows(qd, gguf_row_of(hd));
                 k = k.permute_rows(kvd, gguf_row_of(hd));
             }
-            let v = require(src, &name(V, i), kvd * h)?;
+            if cfg.rotary_dims < hd {
+                q = q.permute_rows(qd, partial_rotary_row_of(hd, cfg.rotary_dims));
+                k = k.permute_rows(kvd, partial_rotary_row_of(hd, cfg.rotary_dims));
+            }
             let bias = if cfg.qkv_bias {
                 let mut qb = vector(src, &name(QBias, i), qd)?;
                 let mut kb = vector(src, &name(KBias, i), kvd)?;
@@ -703,13 +771,17 @@ impl<B: Backend> Weights<B> {
             let mlp = match &cfg.moe {
                 Some(m) if m.sparse[i] => Mlp::Moe(load_moe(src, cfg.arch, m, i, h)?),
                 _ => {
-                    let gate_up = fuse_or_f32(
-                        vec![
-                            (require(src, &name(Gate, i), im * h)?, im),
-                            (require(src, &name(Up, i), im * h)?, im),
-                        ],
-                        h,
-                    )?;
+                    let gate_up = if cfg.arch == Arch::Phi3 {
+                        require(src, &name(GateUpFused, i), 2 * im * h)?
+                    } else {
+                        fuse_or_f32(
+                            vec![
+                                (require(src, &name(Gate, i), im * h)?, im),
+                                (require(src, &name(Up, i), im * h)?, im),
+                            ],
+                            h,
+                        )?
+                    };
                     Mlp::Dense {
                         gate_up: Linear::upload(gate_up, 2 * im, h)?,
                         down: Linear::upload(require(src, &name(Down, i), h * im)?, h, im)?,
