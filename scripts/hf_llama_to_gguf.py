@@ -1,8 +1,11 @@
-"""Converts a small Hugging Face Llama folder (an `../shared/fixtures/hf-tiny`
-checkpoint) into an f32 GGUF file the way llama.cpp's `convert_hf_to_gguf.py`
-does for `LlamaForCausalLM`: its metadata keys, its tensor names, Q/K rows
-permuted to ggml's RoPE layout, and Llama 3.1 RoPE scaling written as the
-`rope_freqs.weight` factors (not as metadata). The fixtures carry no
+"""Converts a small Hugging Face folder (an `../shared/fixtures/hf-tiny`
+checkpoint: llama, mixtral, qwen3_moe, phi3, gemma2) into an f32 GGUF file
+the way llama.cpp's `convert_hf_to_gguf.py` (and its `conversion/` modules)
+do: their metadata keys and tensor names, Q/K rows permuted to ggml's RoPE
+layout for `llama`, experts stacked into `ffn_*_exps`, Gemma norms stored as
+1 + w, and Llama 3.1 RoPE scaling written as the `rope_freqs.weight` factors.
+llama.cpp's own script needs torch, which this set-up avoids; llama.cpp
+itself reads the result (`scripts/llama_cpp_logits.py`) as the check. The fixtures carry no
 tokenizer, so a byte-fallback SentencePiece vocabulary of the model's size
 stands in (llama.cpp needs one to load the file; the tests feed token ids).
 
@@ -50,11 +53,17 @@ def llama3_rope_factors(rope, head_dim):
     return np.array(out, dtype=np.float32)
 
 
+# HF model_type -> GGUF architecture (llama.cpp converts Mixtral as `llama`).
+ARCH = {"llama": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe", "phi3": "phi3", "gemma2": "gemma2"}
+
+
 def main(src, dst):
     src = Path(src)
     cfg = json.loads((src / "config.json").read_text())
-    if cfg["model_type"] != "llama":
-        sys.exit(f"{src}: model_type {cfg['model_type']!r}, this converts llama only")
+    mt = cfg["model_type"]
+    if mt not in ARCH:
+        sys.exit(f"{src}: model_type {mt!r}; this converts {', '.join(ARCH)}")
+    arch = ARCH[mt]
     t = load_file(str(src / "model.safetensors"))
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hidden = cfg["hidden_size"]
@@ -62,14 +71,17 @@ def main(src, dst):
     vocab = cfg["vocab_size"]
     rope = cfg.get("rope_parameters") or {**(cfg.get("rope_scaling") or {}),
                                           "rope_theta": cfg.get("rope_theta", 10000.0)}
+    n_exp = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
 
-    w = gguf.GGUFWriter(dst, "llama")
-    w.add_name(src.name)
+    w = gguf.GGUFWriter(dst, arch)
+    # Not the folder's name: llama.cpp keys token attributes on names like "phi3".
+    w.add_name("hf-tiny fixture")
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(hidden)
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_rope_dimension_count(head_dim)
+    rot = int(rope.get("partial_rotary_factor", 1.0) * hidden) // n_head if mt == "phi3" else head_dim
+    w.add_rope_dimension_count(rot)
     w.add_head_count(n_head)
     w.add_head_count_kv(n_kv)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
@@ -78,6 +90,18 @@ def main(src, dst):
     w.add_value_length(head_dim)
     w.add_vocab_size(vocab)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if n_exp:
+        w.add_expert_count(n_exp)
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        if mt == "qwen3_moe":
+            w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    if mt == "phi3":
+        w.add_rope_scaling_orig_ctx_len(cfg.get("original_max_position_embeddings", cfg["max_position_embeddings"]))
+        w.add_sliding_window(cfg.get("sliding_window") or 0)
+    if mt == "gemma2":
+        w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        w.add_sliding_window(cfg["sliding_window"])
 
     # A byte-fallback SentencePiece vocabulary of the model's size.
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
@@ -92,22 +116,51 @@ def main(src, dst):
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
 
+    # llama.cpp's Gemma converters store RMSNorm weights as 1 + w.
+    def norm(x):
+        return x + 1 if mt == "gemma2" else x
+
     if rope.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(rope, head_dim))
     w.add_tensor("token_embd.weight", t["model.embed_tokens.weight"])
-    w.add_tensor("output_norm.weight", t["model.norm.weight"])
-    w.add_tensor("output.weight", t.get("lm_head.weight", t["model.embed_tokens.weight"]))
+    w.add_tensor("output_norm.weight", norm(t["model.norm.weight"]))
+    if "lm_head.weight" in t or mt != "gemma2":
+        w.add_tensor("output.weight", t.get("lm_head.weight", t["model.embed_tokens.weight"]))
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        names = {
-            "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-            "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-            "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-        }
-        w.add_tensor(f"blk.{i}.attn_q.weight", permute(t[p + "self_attn.q_proj.weight"], n_head, n_head))
-        w.add_tensor(f"blk.{i}.attn_k.weight", permute(t[p + "self_attn.k_proj.weight"], n_head, n_kv))
-        for g, h in names.items():
-            w.add_tensor(f"blk.{i}.{g}.weight", t[p + h + ".weight"])
+        out = {}
+        if mt == "phi3":
+            out["attn_qkv"] = t[p + "self_attn.qkv_proj.weight"]
+        else:
+            q, k = t[p + "self_attn.q_proj.weight"], t[p + "self_attn.k_proj.weight"]
+            if arch == "llama":
+                q, k = permute(q, n_head, n_head), permute(k, n_head, n_kv)
+            out.update(attn_q=q, attn_k=k, attn_v=t[p + "self_attn.v_proj.weight"])
+        out["attn_output"] = t[p + "self_attn.o_proj.weight"]
+        out["attn_norm"] = norm(t[p + "input_layernorm.weight"])
+        if mt == "gemma2":
+            out["post_attention_norm"] = norm(t[p + "post_attention_layernorm.weight"])
+            out["ffn_norm"] = norm(t[p + "pre_feedforward_layernorm.weight"])
+            out["post_ffw_norm"] = norm(t[p + "post_feedforward_layernorm.weight"])
+        else:
+            out["ffn_norm"] = t[p + "post_attention_layernorm.weight"]
+        if mt == "qwen3_moe":
+            out["attn_q_norm"] = t[p + "self_attn.q_norm.weight"]
+            out["attn_k_norm"] = t[p + "self_attn.k_norm.weight"]
+        if n_exp:
+            # Experts stacked [n_exp, rows, k], as llama.cpp's converters do.
+            block, (g, u, d) = (("block_sparse_moe", ("w1", "w3", "w2")) if mt == "mixtral"
+                                else ("mlp", ("gate_proj", "up_proj", "down_proj")))
+            e = lambda name: np.stack([t[f"{p}{block}.experts.{x}.{name}.weight"] for x in range(n_exp)])
+            out.update(ffn_gate_inp=t[f"{p}{block}.gate.weight"], ffn_gate_exps=e(g),
+                       ffn_up_exps=e(u), ffn_down_exps=e(d))
+        elif mt == "phi3":
+            out.update(ffn_up=t[p + "mlp.gate_up_proj.weight"], ffn_down=t[p + "mlp.down_proj.weight"])
+        else:
+            out.update(ffn_gate=t[p + "mlp.gate_proj.weight"], ffn_up=t[p + "mlp.up_proj.weight"],
+                       ffn_down=t[p + "mlp.down_proj.weight"])
+        for name, x in out.items():
+            w.add_tensor(f"blk.{i}.{name}.weight", np.ascontiguousarray(x, dtype=np.float32))
 
     w.write_header_to_file()
     w.write_kv_data_to_file()
