@@ -3,13 +3,22 @@
 
 use crate::rope::RopeSpec;
 
-use super::config::{Activation, Arch, LlamaConfig};
+use super::config::{Activation, Arch, LlamaConfig, MoeConfig};
 
 /// Names `preset` accepts.
-pub const PRESETS: &[&str] = &["llama3-8b", "qwen2.5-7b", "qwen2.5-1.5b", "qwen2.5-0.5b"];
+pub const PRESETS: &[&str] = &[
+    "llama3-8b",
+    "qwen2.5-7b",
+    "qwen2.5-1.5b",
+    "qwen2.5-0.5b",
+    "qwen3-30b-a3b",
+];
 
 /// The architecture of a named model (its published `config.json`).
 pub fn preset(name: &str) -> Option<LlamaConfig> {
+    if name == "qwen3-30b-a3b" {
+        return Some(qwen3_30b_a3b());
+    }
     // (arch, hidden, intermediate, layers, heads, kv heads, vocab, theta, max positions)
     let (arch, hidden, intermediate, layers, heads, kv_heads, vocab, theta, max) = match name {
         "llama3-8b" => (
@@ -55,4 +64,42 @@ pub fn preset(name: &str) -> Option<LlamaConfig> {
         attn_softcap: None,
         rotary_dims: head_dim,
     })
+}
+
+/// Qwen3-30B-A3B: 48 layers, 128 experts of width 768 with 8 active per
+/// token, head_dim 128 over a 2048-wide stream (32 query heads, 4 KV).
+fn qwen3_30b_a3b() -> LlamaConfig {
+    let (layers, head_dim) = (48, 128);
+    LlamaConfig {
+        arch: Arch::Qwen3Moe,
+        hidden: 2048,
+        intermediate: 6144,
+        layers,
+        heads: 32,
+        kv_heads: 4,
+        head_dim,
+        rotary_dims: head_dim,
+        vocab: 151_936,
+        max_seq_len: 40_960,
+        rms_eps: 1e-6,
+        rope: RopeSpec::plain(1e6),
+        rope_local: None,
+        sliding_window: 0,
+        sliding: vec![false; layers],
+        qkv_bias: false,
+        qk_norm: true,
+        attn_scale: 1.0 / (head_dim as f32).sqrt(),
+        embed_scale: None,
+        sandwich_norms: false,
+        act: Activation::Silu,
+        final_softcap: None,
+        attn_softcap: None,
+        moe: Some(MoeConfig {
+            experts: 128,
+            top_k: 8,
+            intermediate: 768,
+            norm_top_k: true,
+            sparse: vec![true; layers],
+        }),
+    }
 }

@@ -903,7 +903,32 @@ impl<B: Backend> Weights<B> {
         };
         let ones = |n: usize| B::from_slice(&vec![1.0; n]);
         let mut layers = Vec::with_capacity(cfg.layers);
-        for _ in 0..cfg.layers {
+        for l in 0..cfg.layers {
+            let mlp = match &cfg.moe {
+                Some(m) if m.sparse[l] => {
+                    let eim = m.intermediate;
+                    let experts = (0..m.experts)
+                        .map(|_| {
+                            Ok(Expert {
+                                gate_up: linear(2 * eim, h)?,
+                                down: linear(h, eim)?,
+                            })
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    // An f32 router, as GGUF files keep it.
+                    let router: Vec<f32> = (0..m.experts * h)
+                        .map(|i| ((i * 2654435761) % 1000) as f32 / 1000.0 - 0.5)
+                        .collect();
+                    Mlp::Moe(MoeWeights {
+                        router: Linear::Dense(B::from_slice(&router)),
+                        experts,
+                    })
+                }
+                _ => Mlp::Dense {
+                    gate_up: linear(2 * im, h)?,
+                    down: linear(h, im)?,
+                },
+            };
             layers.push(LayerWeights {
                 attn_norm: ones(h),
                 qkv: Qkv::Fused {
@@ -916,10 +941,7 @@ impl<B: Backend> Weights<B> {
                 post_attn_norm: cfg.sandwich_norms.then(|| ones(h)),
                 ffn_norm: ones(h),
                 post_ffn_norm: cfg.sandwich_norms.then(|| ones(h)),
-                mlp: Mlp::Dense {
-                    gate_up: linear(2 * im, h)?,
-                    down: linear(h, im)?,
-                },
+                mlp,
             });
         }
         let lm_head = Some(linear(cfg.vocab, h)?);
