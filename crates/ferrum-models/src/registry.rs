@@ -2,10 +2,11 @@
 //! (`general.architecture`) and Hugging Face folders (`model_type`) give
 //! them, and the family code that runs each.
 //!
-//! Adding a family: a module with its configuration, weight roles and
-//! forward pass (implementing [`PagedLlm`]), a [`Family`] variant with its
-//! names in [`ARCHITECTURES`], and its arms in [`load_gguf`] /
-//! [`load_hf_dir`] (the compiler points at each). The engine, the server
+//! A family of the Llama shape is declared in `llama/arch.rs` alone (its
+//! names and traits). Another family: a module with its configuration,
+//! weight roles and forward pass (implementing [`PagedLlm`]), a [`Family`]
+//! variant with its names in [`OTHER_NAMES`], and its arms in [`load_gguf`]
+//! / [`load_hf_dir`] (the compiler points at each). The engine, the server
 //! and the command line need no change.
 
 use std::path::Path;
@@ -28,30 +29,25 @@ pub enum Family {
     Bert,
 }
 
+/// Names of the families outside the Llama shape (those are in
+/// [`crate::llama::NAMES`]).
+pub const OTHER_NAMES: &[(&str, Family)] = &[("bert", Family::Bert)];
+
 /// Every architecture name Ferrum knows, GGUF's and Hugging Face's.
-pub const ARCHITECTURES: &[(&str, Family)] = &[
-    ("llama", Family::Llama(Arch::Llama)),
-    ("mistral", Family::Llama(Arch::Mistral)),
-    ("qwen2", Family::Llama(Arch::Qwen2)),
-    ("qwen3", Family::Llama(Arch::Qwen3)),
-    ("phi3", Family::Llama(Arch::Phi3)),
-    ("qwen3_moe", Family::Llama(Arch::Qwen3Moe)),
-    ("qwen3moe", Family::Llama(Arch::Qwen3Moe)),
-    ("mixtral", Family::Llama(Arch::Mixtral)),
-    ("gemma2", Family::Llama(Arch::Gemma2)),
-    ("gemma3", Family::Llama(Arch::Gemma3)),
-    ("gemma3_text", Family::Llama(Arch::Gemma3)),
-    ("bert", Family::Bert),
-];
+pub fn architectures() -> impl Iterator<Item = (&'static str, Family)> {
+    crate::llama::NAMES
+        .iter()
+        .map(|&(n, a)| (n, Family::Llama(a)))
+        .chain(OTHER_NAMES.iter().copied())
+}
 
 /// The family of architecture `name`; an error listing the known names.
 pub fn family(name: &str) -> Result<Family> {
-    ARCHITECTURES
-        .iter()
+    architectures()
         .find(|(n, _)| *n == name)
-        .map(|&(_, f)| f)
+        .map(|(_, f)| f)
         .ok_or_else(|| {
-            let known: Vec<&str> = ARCHITECTURES.iter().map(|(n, _)| *n).collect();
+            let known: Vec<&str> = architectures().map(|(n, _)| n).collect();
             FerrumError::unsupported(format!(
                 "architecture '{name}' is not supported (supported: {})",
                 known.join(", ")
@@ -114,8 +110,8 @@ mod tests {
 
     #[test]
     fn every_name_resolves_and_unknown_names_list_the_known_ones() {
-        for (name, fam) in ARCHITECTURES {
-            assert_eq!(family(name).ok(), Some(*fam), "{name}");
+        for (name, fam) in architectures() {
+            assert_eq!(family(name).ok(), Some(fam), "{name}");
         }
         assert_eq!(llama_arch("gemma3_text").ok(), Some(Arch::Gemma3));
         let err = family("mamba").unwrap_err().to_string();

@@ -5,37 +5,9 @@ use ferrum_formats::gguf::GgufFile;
 use ferrum_formats::hf_config::HfConfig;
 use ferrum_types::{FerrumError, Result};
 
+use super::arch::Arch;
 use crate::registry::llama_arch;
 use crate::rope::{RopeScaling, RopeSpec};
-
-/// The decoder-only architectures this model family covers (their names
-/// are in [`crate::registry::ARCHITECTURES`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    Llama,
-    Mistral,
-    Qwen2,
-    Qwen3,
-    /// Fused QKV and gate/up projections, partial rotary.
-    Phi3,
-    /// Qwen3 attention with mixture-of-experts MLPs.
-    Qwen3Moe,
-    /// Mistral attention with mixture-of-experts MLPs (its GGUF files say
-    /// `llama` and carry expert counts).
-    Mixtral,
-    /// Sandwich norms, GeGLU, attention and final logit soft-capping,
-    /// alternating sliding-window layers.
-    Gemma2,
-    Gemma3,
-}
-
-impl Arch {
-    /// Gemma's common traits: `√hidden` embedding scale, sandwich norms,
-    /// GeGLU, `query_pre_attn_scalar`, `(1 + w)` norms in HF files.
-    pub fn is_gemma(self) -> bool {
-        matches!(self, Arch::Gemma2 | Arch::Gemma3)
-    }
-}
 
 /// A mixture-of-experts MLP: a router picks `top_k` of `experts` gated
 /// MLPs per token and mixes their outputs by its softmax weights.
@@ -181,15 +153,12 @@ impl LlamaConfig {
         let head_dim = c.head_dim();
         let max_seq_len = c.max_position_embeddings.unwrap_or(4096);
         let rope_of = |t: Option<&str>| RopeSpec::from_hf(&c.rope(t), max_seq_len).map_err(bad);
-        let gemma = arch.is_gemma();
-        // Gemma 3 has its own RoPE for sliding layers.
-        let gemma3 = arch == Arch::Gemma3;
-        let sliding_window = match arch {
-            Arch::Mistral | Arch::Gemma2 | Arch::Gemma3 | Arch::Phi3 => {
-                c.sliding_window.unwrap_or(0)
-            }
-            _ if c.use_sliding_window == Some(true) => c.sliding_window.unwrap_or(0),
-            _ => 0,
+        let t = arch.traits();
+        let gemma = t.gemma;
+        let sliding_window = if t.hf_window || c.use_sliding_window == Some(true) {
+            c.sliding_window.unwrap_or(0)
+        } else {
+            0
         };
         let sliding = (0..c.num_hidden_layers)
             .map(|i| sliding_window > 0 && c.is_sliding_layer(i))
@@ -207,16 +176,16 @@ impl LlamaConfig {
             vocab: c.vocab_size,
             max_seq_len,
             rms_eps: c.rms_norm_eps.unwrap_or(1e-6) as f32,
-            rope: rope_of(gemma3.then_some("full_attention"))?,
-            rope_local: if gemma3 {
+            rope: rope_of(t.local_rope.then_some("full_attention"))?,
+            rope_local: if t.local_rope {
                 Some(rope_of(Some("sliding_attention"))?)
             } else {
                 None
             },
             sliding_window,
             sliding,
-            qkv_bias: arch == Arch::Qwen2 || c.attention_bias == Some(true),
-            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3),
+            qkv_bias: t.qkv_bias || c.attention_bias == Some(true),
+            qk_norm: t.qk_norm,
             attn_scale: match c.query_pre_attn_scalar {
                 Some(s) if gemma => 1.0 / (s as f32).sqrt(),
                 _ => 1.0 / (head_dim as f32).sqrt(),
@@ -230,23 +199,19 @@ impl LlamaConfig {
             },
             final_softcap: c.final_logit_softcapping.map(|v| v as f32),
             attn_softcap: c.attn_logit_softcapping.map(|v| v as f32),
-            moe: match arch {
-                Arch::Qwen3Moe | Arch::Mixtral => {
-                    let experts = c.num_experts.unwrap_or(0);
-                    let step = c.decoder_sparse_step.unwrap_or(1).max(1);
-                    Some(MoeConfig {
-                        experts,
-                        top_k: c.num_experts_per_tok.unwrap_or(0),
-                        // Mixtral's experts have the model's MLP width.
-                        intermediate: c.moe_intermediate_size.unwrap_or(c.intermediate_size),
-                        norm_top_k: arch == Arch::Mixtral || c.norm_topk_prob.unwrap_or(false),
-                        sparse: (0..c.num_hidden_layers)
-                            .map(|i| !c.mlp_only_layers.contains(&i) && (i + 1) % step == 0)
-                            .collect(),
-                    })
+            moe: t.moe.map(|names| {
+                let step = c.decoder_sparse_step.unwrap_or(1).max(1);
+                MoeConfig {
+                    experts: c.num_experts.unwrap_or(0),
+                    top_k: c.num_experts_per_tok.unwrap_or(0),
+                    // Mixtral's experts have the model's MLP width.
+                    intermediate: c.moe_intermediate_size.unwrap_or(c.intermediate_size),
+                    norm_top_k: names.always_renormalise || c.norm_topk_prob.unwrap_or(false),
+                    sparse: (0..c.num_hidden_layers)
+                        .map(|i| !c.mlp_only_layers.contains(&i) && (i + 1) % step == 0)
+                        .collect(),
                 }
-                _ => None,
-            },
+            }),
         }
         .check()
     }
@@ -281,7 +246,8 @@ impl LlamaConfig {
                 None => RopeScaling::None,
             },
         };
-        let gemma = arch.is_gemma();
+        let t = arch.traits();
+        let gemma = t.gemma;
         let experts = u("expert_count").unwrap_or(0);
         let moe = if experts > 0 {
             Some(MoeConfig {
@@ -302,15 +268,8 @@ impl LlamaConfig {
             None
         };
         let sliding_window = u("attention.sliding_window").unwrap_or(0);
-        // llama.cpp's Gemma 3 pattern: every sixth layer is global.
         let sliding = (0..layers)
-            .map(|i| match arch {
-                Arch::Gemma3 => sliding_window > 0 && (i + 1) % 6 != 0,
-                // llama.cpp's Gemma 2 pattern: even layers slide.
-                Arch::Gemma2 => sliding_window > 0 && i % 2 == 0,
-                Arch::Mistral | Arch::Phi3 => sliding_window > 0,
-                _ => false,
-            })
+            .map(|i| sliding_window > 0 && t.gguf_windows.slides(i))
             .collect();
         Self {
             arch,
@@ -329,7 +288,7 @@ impl LlamaConfig {
                 .unwrap_or(1e-6) as f32,
             rope: RopeSpec { theta, scaling },
             // llama.cpp hard-codes Gemma 3's local base.
-            rope_local: (arch == Arch::Gemma3).then(|| RopeSpec::plain(10_000.0)),
+            rope_local: t.local_rope.then(|| RopeSpec::plain(10_000.0)),
             sliding_window,
             sliding,
             qkv_bias: g.tensor("blk.0.attn_q.bias").is_some(),

@@ -6,6 +6,7 @@
 //! are single GEMMs over all items' rows; attention runs per item against
 //! the pool blocks of its block table.
 
+mod arch;
 mod config;
 mod kv;
 mod moe;
@@ -21,7 +22,8 @@ use ferrum_kernels::{AttnConfig, AttnSegment, Backend, QkMode};
 use ferrum_kv::BlockCopy;
 use ferrum_types::{FerrumError, Result, TensorRef};
 
-pub use config::{Activation, Arch, LlamaConfig, MoeConfig};
+pub use arch::{Arch, NAMES};
+pub use config::{Activation, LlamaConfig, MoeConfig};
 use kv::KvStore;
 use moe::MoeScratch;
 pub use presets::{preset, PRESETS};

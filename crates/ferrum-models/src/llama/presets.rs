@@ -3,7 +3,8 @@
 
 use crate::rope::RopeSpec;
 
-use super::config::{Activation, Arch, LlamaConfig, MoeConfig};
+use super::arch::Arch;
+use super::config::{Activation, LlamaConfig, MoeConfig};
 
 /// Names `preset` accepts.
 pub const PRESETS: &[&str] = &[

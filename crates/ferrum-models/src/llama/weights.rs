@@ -15,7 +15,8 @@ use ferrum_kernels::quant::{dequantize, random_blocks};
 use ferrum_kernels::{Backend, GgufQuantType, QuantKind, QuantWeights};
 use ferrum_types::{FerrumError, Result};
 
-use super::config::{Arch, LlamaConfig, MoeConfig};
+use super::arch::Arch;
+use super::config::{LlamaConfig, MoeConfig};
 use super::moe::{Expert, MoeWeights};
 use crate::LoadProgress;
 
@@ -75,7 +76,7 @@ fn layer_name(src: &Source, arch: Arch, role: Role, i: usize) -> String {
             format!("blk.{i}.{s}")
         }
         Source::Hf(_) => {
-            let gemma = arch.is_gemma();
+            let gemma = arch.traits().gemma;
             let s = match role {
                 AttnNorm => "input_layernorm.weight",
                 Q => "self_attn.q_proj.weight",
@@ -615,10 +616,10 @@ fn load_moe<B: Backend>(
             )
         }
         Source::Hf(_) => {
-            let (block, [gate, up, down]) = match arch {
-                Arch::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
-                _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
-            };
+            let names = arch.traits().moe.ok_or_else(|| {
+                FerrumError::invalid(format!("{arch:?} has no mixture-of-experts layers"))
+            })?;
+            let (block, [gate, up, down]) = (names.block, names.gate_up_down);
             let p = format!("model.layers.{i}.{block}");
             let each = |w: &str, rows: usize, k: usize| -> Result<Vec<Raw>> {
                 (0..ne)
@@ -691,12 +692,9 @@ impl<B: Backend> Weights<B> {
         let (qd, kvd, im) = (nh * hd, nkv * hd, cfg.intermediate);
         let gguf = matches!(src, Source::Gguf(_));
         // HF Gemma stores norm weights as offsets from 1 (GGUF already adds it).
-        let norm_shift = if cfg.arch.is_gemma() && !gguf {
-            1.0
-        } else {
-            0.0
-        };
-        let permuted = gguf && cfg.arch == Arch::Llama;
+        let traits = cfg.arch.traits();
+        let norm_shift = if traits.gemma && !gguf { 1.0 } else { 0.0 };
+        let permuted = gguf && traits.gguf_permuted_qk;
         let norm = |name: &str, n: usize| -> Result<B::Buffer> {
             let v: Vec<f32> = vector(src, name, n)?
                 .into_iter()
@@ -716,7 +714,7 @@ impl<B: Backend> Weights<B> {
         let mut layers = Vec::with_capacity(cfg.layers);
         for i in 0..cfg.layers {
             use Role::*;
-            let (mut q, mut k, v) = if cfg.arch == Arch::Phi3 {
+            let (mut q, mut k, v) = if traits.fused_projections {
                 let fused = require(src, &name(QkvFused, i), (qd + 2 * kvd) * h)?;
                 let [q, k, v]: [Raw; 3] = fused
                     .split_rows(qd + 2 * kvd, &[qd, kvd, kvd])
@@ -771,7 +769,7 @@ impl<B: Backend> Weights<B> {
             let mlp = match &cfg.moe {
                 Some(m) if m.sparse[i] => Mlp::Moe(load_moe(src, cfg.arch, m, i, h)?),
                 _ => {
-                    let gate_up = if cfg.arch == Arch::Phi3 {
+                    let gate_up = if traits.fused_projections {
                         require(src, &name(GateUpFused, i), 2 * im * h)?
                     } else {
                         fuse_or_f32(
