@@ -55,8 +55,20 @@ pub struct HfConfig {
     pub hidden_activation: Option<String>,
     pub attention_bias: Option<bool>,
     pub partial_rotary_factor: Option<f64>,
-    #[serde(alias = "num_local_experts")]
+    #[serde(alias = "num_local_experts", alias = "n_routed_experts")]
     pub num_experts: Option<usize>,
+    /// DeepSeek: shared experts beside the routed ones, dense first layers,
+    /// the routed weights' scale, and multi-head latent attention's ranks
+    /// and head split.
+    pub n_shared_experts: Option<usize>,
+    pub first_k_dense_replace: Option<usize>,
+    pub routed_scaling_factor: Option<f64>,
+    pub topk_method: Option<String>,
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: Option<usize>,
+    pub qk_nope_head_dim: Option<usize>,
+    pub qk_rope_head_dim: Option<usize>,
+    pub v_head_dim: Option<usize>,
     pub num_experts_per_tok: Option<usize>,
     pub moe_intermediate_size: Option<usize>,
     pub norm_topk_prob: Option<bool>,

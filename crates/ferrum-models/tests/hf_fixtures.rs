@@ -31,6 +31,7 @@ const CAUSAL: &[&str] = &[
     "mixtral",
     "phi3",
     "gemma2",
+    "deepseek-v2",
 ];
 
 fn fixture(name: &str) -> Option<(PathBuf, Value)> {
@@ -166,7 +167,7 @@ fn check_fixtures(dtype: KvDtype, rel: f32) {
 /// Families whose batched paths are checked against single sequences: a
 /// dense one, and the two mixtures of experts (their routing is per token,
 /// their expert GEMMs per batch).
-const BATCHED: &[&str] = &["qwen2", "qwen3-moe", "mixtral"];
+const BATCHED: &[&str] = &["qwen2", "qwen3-moe", "mixtral", "deepseek-v2"];
 
 #[test]
 fn batched_paths_agree_with_single_sequences() {
@@ -346,4 +347,17 @@ fn loading_reports_each_layer_then_the_rest() {
     .unwrap();
     let want: Vec<(usize, usize)> = (1..=layers + 1).map(|d| (d, layers + 1)).collect();
     assert_eq!(seen.into_inner(), want);
+}
+
+/// DeepSeek V2's cache holds the latent and the shared rope key only:
+/// `kv_lora_rank + qk_rope_head_dim` values per token and layer (16 + 8 in
+/// the fixture), where full K/V would be `2 · heads · head_dim` (2·4·24).
+#[test]
+fn latent_attention_caches_the_latent_only() {
+    let Some((dir, _)) = fixture("deepseek-v2") else {
+        return;
+    };
+    let m = LlamaModel::<CpuBackend>::from_hf_dir(&dir).unwrap();
+    let c = m.config();
+    assert_eq!((c.num_kv_heads, c.head_dim), (1, 16 + 8));
 }

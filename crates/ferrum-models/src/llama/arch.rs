@@ -21,6 +21,8 @@ pub enum Arch {
     Mixtral,
     Gemma2,
     Gemma3,
+    /// Multi-head latent attention and a mixture with a shared expert.
+    DeepseekV2,
 }
 
 /// Architecture names as GGUF (`general.architecture`) and Hugging Face
@@ -37,6 +39,7 @@ pub const NAMES: &[(&str, Arch)] = &[
     ("gemma2", Arch::Gemma2),
     ("gemma3", Arch::Gemma3),
     ("gemma3_text", Arch::Gemma3),
+    ("deepseek_v2", Arch::DeepseekV2),
 ];
 
 /// Which layers use the sliding window in a GGUF file (which records only
@@ -88,6 +91,8 @@ pub struct Traits {
     /// GGUF Q/K rows are permuted for ggml's interleaved RoPE.
     pub gguf_permuted_qk: bool,
     pub moe: Option<MoeNames>,
+    /// Attention through a compressed latent KV (DeepSeek V2); see `mla.rs`.
+    pub latent_attention: bool,
 }
 
 const LLAMA: Traits = Traits {
@@ -100,6 +105,7 @@ const LLAMA: Traits = Traits {
     fused_projections: false,
     gguf_permuted_qk: false,
     moe: None,
+    latent_attention: false,
 };
 
 impl Arch {
@@ -149,6 +155,15 @@ impl Arch {
                 hf_window: true,
                 gguf_windows: GgufWindows::AllButEvery(2),
                 gemma: true,
+                ..LLAMA
+            },
+            Arch::DeepseekV2 => Traits {
+                moe: Some(MoeNames {
+                    block: "mlp",
+                    gate_up_down: ["gate_proj", "up_proj", "down_proj"],
+                    always_renormalise: false,
+                }),
+                latent_attention: true,
                 ..LLAMA
             },
             Arch::Gemma3 => Traits {

@@ -23,6 +23,25 @@ pub struct MoeConfig {
     /// Per layer: is its MLP the mixture (else a dense MLP of the model's
     /// `intermediate` width)?
     pub sparse: Vec<bool>,
+    /// The routed experts' weights are multiplied by this (DeepSeek's
+    /// `routed_scaling_factor`; 1 elsewhere).
+    pub routed_scale: f32,
+    /// Width of an always-active shared expert added to the mixture
+    /// (DeepSeek), if any.
+    pub shared_intermediate: Option<usize>,
+}
+
+/// Multi-head latent attention (DeepSeek V2): queries through a low-rank
+/// `q_lora_rank` bottleneck; keys and values from one `kv_lora_rank` latent
+/// per token plus a `rope` key shared by all heads. The KV cache holds only
+/// `kv_lora_rank + rope` values per token (see `mla.rs`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlaConfig {
+    pub q_lora_rank: usize,
+    pub kv_lora_rank: usize,
+    pub nope: usize,
+    pub rope: usize,
+    pub v: usize,
 }
 
 impl MoeConfig {
@@ -84,6 +103,9 @@ pub struct LlamaConfig {
     /// Attention logits soft-capped at this value (Gemma 2).
     pub attn_softcap: Option<f32>,
     pub moe: Option<MoeConfig>,
+    /// Latent attention; `heads`/`head_dim`/`kv_heads` then describe its KV
+    /// cache rows (1 "head" of `kv_lora_rank + rope`).
+    pub mla: Option<MlaConfig>,
 }
 
 /// The per-pair frequency factors of a GGUF file's `rope_freqs.weight`
@@ -163,7 +185,7 @@ impl LlamaConfig {
         let sliding = (0..c.num_hidden_layers)
             .map(|i| sliding_window > 0 && c.is_sliding_layer(i))
             .collect();
-        Self {
+        let mut cfg = Self {
             arch,
             hidden: c.hidden_size,
             intermediate: c.intermediate_size,
@@ -201,19 +223,60 @@ impl LlamaConfig {
             attn_softcap: c.attn_logit_softcapping.map(|v| v as f32),
             moe: t.moe.map(|names| {
                 let step = c.decoder_sparse_step.unwrap_or(1).max(1);
+                let dense = c.first_k_dense_replace.unwrap_or(0);
+                let eim = c.moe_intermediate_size.unwrap_or(c.intermediate_size);
                 MoeConfig {
                     experts: c.num_experts.unwrap_or(0),
                     top_k: c.num_experts_per_tok.unwrap_or(0),
                     // Mixtral's experts have the model's MLP width.
-                    intermediate: c.moe_intermediate_size.unwrap_or(c.intermediate_size),
+                    intermediate: eim,
                     norm_top_k: names.always_renormalise || c.norm_topk_prob.unwrap_or(false),
                     sparse: (0..c.num_hidden_layers)
-                        .map(|i| !c.mlp_only_layers.contains(&i) && (i + 1) % step == 0)
+                        .map(|i| {
+                            i >= dense && !c.mlp_only_layers.contains(&i) && (i + 1) % step == 0
+                        })
                         .collect(),
+                    routed_scale: c.routed_scaling_factor.unwrap_or(1.0) as f32,
+                    shared_intermediate: c.n_shared_experts.filter(|&n| n > 0).map(|n| n * eim),
                 }
             }),
+            mla: None,
+        };
+        if t.latent_attention {
+            cfg = cfg.with_latent_attention(c)?;
         }
-        .check()
+        cfg.check()
+    }
+
+    /// DeepSeek V2's attention: the KV cache holds one row of
+    /// `kv_lora_rank + rope` per token, which `heads`/`kv_heads`/`head_dim`
+    /// then describe (one shared "head", as multi-query attention).
+    fn with_latent_attention(mut self, c: &HfConfig) -> Result<Self> {
+        let need = |v: Option<usize>, name: &str| {
+            v.filter(|&x| x > 0)
+                .ok_or_else(|| bad(format!("config.json needs a positive {name}")))
+        };
+        if let Some(m) = c.topk_method.as_deref().filter(|m| *m != "greedy") {
+            return Err(bad(format!(
+                "expert selection {m:?} is not supported (greedy top-k is)"
+            )));
+        }
+        let mla = MlaConfig {
+            q_lora_rank: need(c.q_lora_rank, "q_lora_rank")?,
+            kv_lora_rank: need(c.kv_lora_rank, "kv_lora_rank")?,
+            nope: need(c.qk_nope_head_dim, "qk_nope_head_dim")?,
+            rope: need(c.qk_rope_head_dim, "qk_rope_head_dim")?,
+            v: need(c.v_head_dim, "v_head_dim")?,
+        };
+        if !mla.rope.is_multiple_of(2) {
+            return Err(bad(format!("qk_rope_head_dim {} is odd", mla.rope)));
+        }
+        self.attn_scale = 1.0 / ((mla.nope + mla.rope) as f32).sqrt();
+        self.kv_heads = 1;
+        self.head_dim = mla.kv_lora_rank + mla.rope;
+        self.rotary_dims = mla.rope;
+        self.mla = Some(mla);
+        Ok(self)
     }
 
     /// From GGUF metadata (`{arch}.*` keys, named as llama.cpp writes them).
@@ -263,6 +326,8 @@ impl LlamaConfig {
                 sparse: (0..layers)
                     .map(|i| g.tensor(&format!("blk.{i}.ffn_gate_inp.weight")).is_some())
                     .collect(),
+                routed_scale: 1.0,
+                shared_intermediate: None,
             })
         } else {
             None
@@ -310,6 +375,7 @@ impl LlamaConfig {
                 .ok()
                 .map(|v| v as f32),
             moe,
+            mla: None,
         }
         .check()
         .map_err(|e| g.error(e.to_string()))

@@ -9,6 +9,7 @@
 mod arch;
 mod config;
 mod kv;
+mod mla;
 mod moe;
 mod presets;
 mod weights;
@@ -23,8 +24,9 @@ use ferrum_kv::BlockCopy;
 use ferrum_types::{FerrumError, Result, TensorRef};
 
 pub use arch::{Arch, NAMES};
-pub use config::{Activation, LlamaConfig, MoeConfig};
+pub use config::{Activation, LlamaConfig, MlaConfig, MoeConfig};
 use kv::KvStore;
+use mla::{MlaRope, MlaScratch};
 use moe::MoeScratch;
 pub use presets::{preset, PRESETS};
 use weights::{Embedding, Mlp, Source, Weights};
@@ -183,6 +185,10 @@ pub struct LlamaModel<B: Backend> {
     kv_capacity: usize,
     scratch: Scratch<B>,
     moe_scratch: MoeScratch<B>,
+    mla_scratch: MlaScratch<B>,
+    /// Latent attention's RoPE tables: the queries' cos/sin, the shared
+    /// key's cos/sin.
+    mla_rope: Option<[B::Buffer; 4]>,
     /// Passed where an op ignores its norm weight.
     empty: B::Buffer,
 }
@@ -267,6 +273,13 @@ impl<B: Backend> LlamaModel<B> {
             let (c, s) = r.partial_tables(kv_capacity, cfg.head_dim, cfg.rotary_dims);
             (B::from_slice(&c), B::from_slice(&s))
         });
+        let mla_rope = cfg.mla.as_ref().map(|m| {
+            let (qc, qs) = cfg
+                .rope
+                .partial_tables(kv_capacity, m.nope + m.rope, m.rope);
+            let (kc, ks) = cfg.rope.tables(kv_capacity, m.rope);
+            [qc, qs, kc, ks].map(|t| B::from_slice(&t))
+        });
         let rt = LlmRuntimeConfig {
             hidden_size: cfg.hidden,
             num_layers: cfg.layers,
@@ -286,6 +299,8 @@ impl<B: Backend> LlamaModel<B> {
             kv_capacity,
             scratch: Scratch::new(),
             moe_scratch: MoeScratch::new(),
+            mla_scratch: MlaScratch::new(),
+            mla_rope,
             empty: B::alloc(0),
         }
     }
@@ -341,11 +356,17 @@ impl<B: Backend> LlamaModel<B> {
         segs: &[BatchItem],
         rows: usize,
     ) -> Result<()> {
+        if self.w.layers[l].mla.is_some() {
+            return self.latent_attention(ctx, l, segs, rows);
+        }
         let c = &self.cfg;
         let (h, hd, nh, nkv) = (c.hidden, c.head_dim, c.heads, c.kv_heads);
         let (qd, kvd) = (nh * hd, nkv * hd);
         let eps = c.rms_eps;
         let (s, kv, lw) = (&mut self.scratch, &mut self.kv, &self.w.layers[l]);
+        let Some(qkv_w) = &lw.qkv else {
+            return Err(FerrumError::invalid("a layer without Q/K/V weights"));
+        };
         let (cos_g, sin_g, local_rope, empty) =
             (&self.cos, &self.sin, &self.local_rope, &self.empty);
         let mode = if c.qk_norm {
@@ -355,8 +376,7 @@ impl<B: Backend> LlamaModel<B> {
         };
         // Attention.
         let qkv = [&mut s.q, &mut s.k, &mut s.v];
-        lw.qkv
-            .forward(ctx, &s.xn, &mut s.qkv, qkv, rows, qd, kvd, h)?;
+        qkv_w.forward(ctx, &s.xn, &mut s.qkv, qkv, rows, qd, kvd, h)?;
         let sliding = c.sliding[l];
         let (cos, sin) = match (&local_rope, sliding) {
             (Some((lc, ls)), true) => (lc, ls),
@@ -504,7 +524,72 @@ impl<B: Backend> LlamaModel<B> {
                 r0 += n;
             }
         }
-        lw.o.forward(ctx, &s.attn, &mut s.o, rows, h, qd)?;
+        self.attention_out(ctx, l, rows, qd)
+    }
+
+    /// Latent attention (DeepSeek V2, `mla.rs`) of layer `l`, one item at a
+    /// time, then the output projection and residual as [`Self::attention`].
+    fn latent_attention(
+        &mut self,
+        ctx: &mut B::Context,
+        l: usize,
+        segs: &[BatchItem],
+        rows: usize,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let missing = || FerrumError::invalid("latent attention without its weights");
+        let (Some(m), Some(mla), Some([qc, qs, kc, ks])) =
+            (&c.mla, &self.w.layers[l].mla, &self.mla_rope)
+        else {
+            return Err(missing());
+        };
+        let rope = MlaRope {
+            q: (qc, qs),
+            k: (kc, ks),
+        };
+        let dims = (c.heads, c.hidden, c.rms_eps, c.attn_scale);
+        let s = &mut self.scratch;
+        let mut r0 = 0;
+        for seg in segs {
+            let n = seg.tokens.len();
+            let pages = self.kv.pages(seg.block_table);
+            let pools = (&mut self.kv.k[l], &mut self.kv.v[l]);
+            let at = mla::Segment {
+                r0,
+                n,
+                pos: seg.pos,
+                pages,
+            };
+            mla.forward(
+                ctx,
+                m,
+                dims,
+                &mut self.mla_scratch,
+                &rope,
+                &s.xn,
+                pools,
+                &at,
+                &mut s.attn,
+            )?;
+            r0 += n;
+        }
+        let width = c.heads * m.v;
+        self.attention_out(ctx, l, rows, width)
+    }
+
+    /// The output projection of layer `l`'s attention (`scratch.attn`, rows
+    /// of `width`) and the residual into `scratch.x`, leaving the pre-MLP
+    /// norm of it in `scratch.xn`.
+    fn attention_out(
+        &mut self,
+        ctx: &mut B::Context,
+        l: usize,
+        rows: usize,
+        width: usize,
+    ) -> Result<()> {
+        let (h, eps) = (self.cfg.hidden, self.cfg.rms_eps);
+        let (s, lw) = (&mut self.scratch, &self.w.layers[l]);
+        lw.o.forward(ctx, &s.attn, &mut s.o, rows, h, width)?;
         // Residual + pre-MLP norm.
         match &lw.post_attn_norm {
             Some(post) => {

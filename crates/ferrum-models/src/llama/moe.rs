@@ -26,6 +26,8 @@ pub struct MoeWeights<B: Backend> {
     /// `[experts, hidden]`.
     pub router: Linear<B>,
     pub experts: Vec<Expert<B>>,
+    /// Run for every token beside the routed ones (DeepSeek).
+    pub shared: Option<Expert<B>>,
 }
 
 /// Per-expert token lists of one step: the rows routed to expert `e` and
@@ -43,7 +45,9 @@ impl Routing {
     /// softmax over all experts, the `top_k` most probable (ties go to the
     /// lower expert index, as `torch.topk` picks them), renormalised to sum
     /// to 1 when `norm`.
-    pub fn route(&mut self, logits: &[f32], experts: usize, top_k: usize, norm: bool) {
+    /// `scale` multiplies every chosen weight (DeepSeek's
+    /// `routed_scaling_factor`).
+    pub fn route(&mut self, logits: &[f32], experts: usize, top_k: usize, norm: bool, scale: f32) {
         self.rows.resize_with(experts, Vec::new);
         self.weights.resize_with(experts, Vec::new);
         self.rows.iter_mut().for_each(Vec::clear);
@@ -61,9 +65,9 @@ impl Routing {
                 .sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             let chosen = &self.ranked[..top_k.min(experts)];
             let total: f32 = if norm {
-                chosen.iter().map(|c| c.1).sum()
+                chosen.iter().map(|c| c.1).sum::<f32>() / scale
             } else {
-                1.0
+                1.0 / scale
             };
             for &(e, p) in chosen {
                 self.rows[e].push(r as u32);
@@ -103,10 +107,11 @@ impl<B: Backend> MoeScratch<B> {
 
     fn ensure(&mut self, m: &MoeConfig, rows: usize, hidden: usize) {
         if rows > self.rows {
+            let im = m.intermediate.max(m.shared_intermediate.unwrap_or(0));
             self.router_out = B::alloc(rows * m.experts);
             self.x = B::alloc(rows * hidden);
-            self.gate_up = B::alloc(rows * 2 * m.intermediate);
-            self.act = B::alloc(rows * m.intermediate);
+            self.gate_up = B::alloc(rows * 2 * im);
+            self.act = B::alloc(rows * im);
             self.out = B::alloc(rows * hidden);
             self.zeros = vec![0.0; rows * hidden];
             self.rows = rows;
@@ -136,8 +141,23 @@ impl<B: Backend> MoeWeights<B> {
         B::take_error(ctx)?;
         s.router_host.resize(rows * ne, 0.0);
         B::read_into(&s.router_out, &mut s.router_host);
-        s.routing.route(&s.router_host, ne, m.top_k, m.norm_top_k);
-        B::write_from(ctx, &s.zeros[..rows * hidden], out, 0);
+        s.routing
+            .route(&s.router_host, ne, m.top_k, m.norm_top_k, m.routed_scale);
+        match (&self.shared, m.shared_intermediate) {
+            // The shared expert's output starts the sum.
+            (Some(shared), Some(sim)) => shared.run(
+                ctx,
+                act,
+                x,
+                &mut s.gate_up,
+                &mut s.act,
+                out,
+                rows,
+                hidden,
+                sim,
+            )?,
+            _ => B::write_from(ctx, &s.zeros[..rows * hidden], out, 0),
+        }
         for (e, expert) in self.experts.iter().enumerate() {
             let picked = &s.routing.rows[e];
             let n = picked.len();
@@ -145,21 +165,44 @@ impl<B: Backend> MoeWeights<B> {
                 continue;
             }
             B::embedding_lookup(ctx, x, picked, &mut s.x, hidden);
-            expert
-                .gate_up
-                .forward(ctx, &s.x, &mut s.gate_up, n, 2 * im, hidden)?;
-            match act {
-                Activation::Silu => B::fused_silu_mul_split(ctx, &s.gate_up, &mut s.act, n, im),
-                Activation::GeluTanh => {
-                    B::fused_gelu_tanh_mul_split(ctx, &s.gate_up, &mut s.act, n, im)
-                }
-            }
-            expert
-                .down
-                .forward(ctx, &s.act, &mut s.out, n, hidden, im)?;
+            expert.run(
+                ctx,
+                act,
+                &s.x,
+                &mut s.gate_up,
+                &mut s.act,
+                &mut s.out,
+                n,
+                hidden,
+                im,
+            )?;
             B::scale_add_rows(ctx, &s.out, picked, &s.routing.weights[e], out, hidden);
         }
         Ok(())
+    }
+}
+
+impl<B: Backend> Expert<B> {
+    /// `out[n, hidden]` = this gated MLP (width `im`) on `x[n, hidden]`.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        ctx: &mut B::Context,
+        act: Activation,
+        x: &B::Buffer,
+        gate_up: &mut B::Buffer,
+        a: &mut B::Buffer,
+        out: &mut B::Buffer,
+        n: usize,
+        hidden: usize,
+        im: usize,
+    ) -> Result<()> {
+        self.gate_up.forward(ctx, x, gate_up, n, 2 * im, hidden)?;
+        match act {
+            Activation::Silu => B::fused_silu_mul_split(ctx, gate_up, a, n, im),
+            Activation::GeluTanh => B::fused_gelu_tanh_mul_split(ctx, gate_up, a, n, im),
+        }
+        self.down.forward(ctx, a, out, n, hidden, im)
     }
 }
 
@@ -177,7 +220,7 @@ mod tests {
             0.5, 0.5, 0.5, 0.5, //
             -1.0, 0.0, 3.0, 1.0,
         ];
-        r.route(&logits, 4, 2, true);
+        r.route(&logits, 4, 2, true, 1.0);
         assert_eq!(r.rows, vec![vec![1], vec![0, 1], vec![2], vec![0, 2]]);
         assert_eq!(r.weights[1][0], 0.5);
         assert_eq!(r.weights[3][0], 0.5);
@@ -186,10 +229,11 @@ mod tests {
         let (a, b) = (3f32.exp(), 1f32.exp());
         assert!((r.weights[2][0] - a / (a + b)).abs() < 1e-6);
         // Without renormalisation the weights are the full softmax's.
-        r.route(&logits[8..], 4, 2, false);
+        r.route(&logits[8..], 4, 2, false, 2.0);
         let z: f32 = [-1f32, 0.0, 3.0, 1.0].iter().map(|v| v.exp()).sum();
-        assert!((r.weights[2][0] - a / z).abs() < 1e-6);
-        assert!((r.weights[3][0] - b / z).abs() < 1e-6);
+        // ... times the routed scale.
+        assert!((r.weights[2][0] - 2.0 * a / z).abs() < 1e-6);
+        assert!((r.weights[3][0] - 2.0 * b / z).abs() < 1e-6);
         assert!(r.rows[0].is_empty() && r.rows[1].is_empty());
     }
 }

@@ -62,6 +62,7 @@ pub fn preset(name: &str) -> Option<LlamaConfig> {
         act: Activation::Silu,
         final_softcap: None,
         moe: None,
+        mla: None,
         attn_softcap: None,
         rotary_dims: head_dim,
     })
@@ -101,6 +102,9 @@ fn qwen3_30b_a3b() -> LlamaConfig {
             intermediate: 768,
             norm_top_k: true,
             sparse: vec![true; layers],
+            routed_scale: 1.0,
+            shared_intermediate: None,
         }),
+        mla: None,
     }
 }

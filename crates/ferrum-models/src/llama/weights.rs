@@ -16,7 +16,8 @@ use ferrum_kernels::{Backend, GgufQuantType, QuantKind, QuantWeights};
 use ferrum_types::{FerrumError, Result};
 
 use super::arch::Arch;
-use super::config::{LlamaConfig, MoeConfig};
+use super::config::{LlamaConfig, MlaConfig, MoeConfig};
+use super::mla::MlaWeights;
 use super::moe::{Expert, MoeWeights};
 use crate::LoadProgress;
 
@@ -487,7 +488,9 @@ impl<B: Backend> Qkv<B> {
 /// One transformer block's weights in backend memory.
 pub struct LayerWeights<B: Backend> {
     pub attn_norm: B::Buffer,
-    pub qkv: Qkv<B>,
+    /// Q, K and V; `None` where the layer has latent attention instead.
+    pub qkv: Option<Qkv<B>>,
+    pub mla: Option<MlaWeights<B>>,
     pub o: Linear<B>,
     pub q_norm: Option<B::Buffer>,
     pub k_norm: Option<B::Buffer>,
@@ -542,8 +545,11 @@ impl<B: Backend> Weights<B> {
     pub fn set_int8_inputs(&mut self, on: bool) {
         for l in &mut self.layers {
             match &mut l.qkv {
-                Qkv::Fused { w, .. } => w.set_int8_input(on),
-                Qkv::Split { parts, .. } => parts.iter_mut().for_each(|w| w.set_int8_input(on)),
+                Some(Qkv::Fused { w, .. }) => w.set_int8_input(on),
+                Some(Qkv::Split { parts, .. }) => {
+                    parts.iter_mut().for_each(|w| w.set_int8_input(on))
+                }
+                None => {}
             }
             l.o.set_int8_input(on);
             l.mlp
@@ -634,6 +640,19 @@ fn load_moe<B: Backend>(
             )
         }
     };
+    let shared = match (m.shared_intermediate, src) {
+        (Some(sim), Source::Hf(_)) => {
+            let p = format!("model.layers.{i}.mlp.shared_experts");
+            let w =
+                |n: &str, rows: usize, k: usize| require(src, &format!("{p}.{n}.weight"), rows * k);
+            let gate_up = vec![(w("gate_proj", sim, h)?, sim), (w("up_proj", sim, h)?, sim)];
+            Some(Expert {
+                gate_up: Linear::upload(fuse_or_f32(gate_up, h)?, 2 * sim, h)?,
+                down: Linear::upload(w("down_proj", h, sim)?, h, sim)?,
+            })
+        }
+        _ => None,
+    };
     let experts = gates
         .into_iter()
         .zip(ups)
@@ -648,6 +667,100 @@ fn load_moe<B: Backend>(
     Ok(MoeWeights {
         router: Linear::upload(router, ne, h)?,
         experts,
+        shared,
+    })
+}
+
+/// Interleaved RoPE pairs `(2i, 2i + 1)` (DeepSeek's rope dims) in the
+/// rotate-half order `(i, i + d/2)`: slot `i` takes dim `src(i)`.
+fn interleaved_to_half(d: usize) -> impl Fn(usize) -> usize {
+    move |i| {
+        if i < d / 2 {
+            2 * i
+        } else {
+            2 * (i - d / 2) + 1
+        }
+    }
+}
+
+/// Latent attention of layer `i` (Hugging Face names): see `mla.rs`. A query
+/// head's `nope + rope` rows are reordered as `[rope (rotate-half); nope]`
+/// and then as partial rotary (`partial_rotary_row_of`), and the absorbed
+/// maps are built in that order.
+fn load_mla<B: Backend>(
+    src: &Source,
+    m: &MlaConfig,
+    i: usize,
+    h: usize,
+    heads: usize,
+) -> Result<MlaWeights<B>> {
+    let (nope, rope, rank, v) = (m.nope, m.rope, m.kv_lora_rank, m.v);
+    let (qk, dkv) = (nope + rope, rank + rope);
+    let p = format!("model.layers.{i}.self_attn");
+    let name = |n: &str| format!("{p}.{n}");
+    let inter = interleaved_to_half(rope);
+    let partial = partial_rotary_row_of(qk, rope);
+    // Head slot -> the Hugging Face dim it holds (within a head).
+    let hf_dim = |slot: usize| {
+        let b = partial(slot);
+        if b < rope {
+            nope + inter(b)
+        } else {
+            b - rope
+        }
+    };
+    let q_b = require(src, &name("q_b_proj.weight"), heads * qk * m.q_lora_rank)?
+        .permute_rows(heads * qk, |r| (r / qk) * qk + hf_dim(r % qk));
+    let [c, kr]: [Raw; 2] = require(src, &name("kv_a_proj_with_mqa.weight"), dkv * h)?
+        .split_rows(dkv, &[rank, rope])
+        .try_into()
+        .map_err(|_| FerrumError::invalid("kv_a split into other than 2 parts"))?;
+    let kr = kr.permute_rows(rope, &inter);
+    let kv_b = require(src, &name("kv_b_proj.weight"), heads * (nope + v) * rank)?
+        .to_f32(heads * (nope + v), rank)?;
+    let w = |head: usize, row: usize, r: usize| kv_b[(head * (nope + v) + row) * rank + r];
+    let mut absorb_q = Vec::with_capacity(heads);
+    let mut to_v = Vec::with_capacity(heads);
+    for hh in 0..heads {
+        let mut a = vec![0f32; dkv * qk];
+        for t in 0..qk {
+            let b = partial(t);
+            if b < rope {
+                a[(rank + b) * qk + t] = 1.0;
+            } else {
+                for r in 0..rank {
+                    a[r * qk + t] = w(hh, b - rope, r);
+                }
+            }
+        }
+        absorb_q.push(B::from_slice(&a));
+        let mut o = vec![0f32; v * dkv];
+        for j in 0..v {
+            for r in 0..rank {
+                o[j * dkv + r] = w(hh, nope + j, r);
+            }
+        }
+        to_v.push(B::from_slice(&o));
+    }
+    let mut place_latent = vec![0f32; dkv * rank];
+    (0..rank).for_each(|r| place_latent[r * rank + r] = 1.0);
+    let mut place_rope = vec![0f32; dkv * rope];
+    (0..rope).for_each(|j| place_rope[(rank + j) * rope + j] = 1.0);
+    Ok(MlaWeights {
+        q_a: Linear::upload(
+            require(src, &name("q_a_proj.weight"), m.q_lora_rank * h)?,
+            m.q_lora_rank,
+            h,
+        )?,
+        q_a_norm: B::from_slice(&vector(src, &name("q_a_layernorm.weight"), m.q_lora_rank)?),
+        q_b: Linear::upload(q_b, heads * qk, m.q_lora_rank)?,
+        kv_a: Linear::upload(c, rank, h)?,
+        kv_a_norm: B::from_slice(&vector(src, &name("kv_a_layernorm.weight"), rank)?),
+        k_rope: Linear::upload(kr, rope, h)?,
+        absorb_q,
+        to_v,
+        place_latent: B::from_slice(&place_latent),
+        place_rope: B::from_slice(&place_rope),
     })
 }
 
@@ -714,57 +827,63 @@ impl<B: Backend> Weights<B> {
         let mut layers = Vec::with_capacity(cfg.layers);
         for i in 0..cfg.layers {
             use Role::*;
-            let (mut q, mut k, v) = if traits.fused_projections {
-                let fused = require(src, &name(QkvFused, i), (qd + 2 * kvd) * h)?;
-                let [q, k, v]: [Raw; 3] = fused
-                    .split_rows(qd + 2 * kvd, &[qd, kvd, kvd])
-                    .try_into()
-                    .map_err(|_| FerrumError::invalid("qkv split into other than 3 parts"))?;
-                (q, k, v)
+            let (qkv, mla, o_in) = if let Some(m) = &cfg.mla {
+                let mla = load_mla(src, m, i, h, nh)?;
+                (None, Some(mla), nh * m.v)
             } else {
-                (
-                    require(src, &name(Q, i), qd * h)?,
-                    require(src, &name(K, i), kvd * h)?,
-                    require(src, &name(V, i), kvd * h)?,
-                )
-            };
-            if permuted {
-                q = q.permute_rows(qd, gguf_row_of(hd));
-                k = k.permute_rows(kvd, gguf_row_of(hd));
-            }
-            if cfg.rotary_dims < hd {
-                q = q.permute_rows(qd, partial_rotary_row_of(hd, cfg.rotary_dims));
-                k = k.permute_rows(kvd, partial_rotary_row_of(hd, cfg.rotary_dims));
-            }
-            let bias = if cfg.qkv_bias {
-                let mut qb = vector(src, &name(QBias, i), qd)?;
-                let mut kb = vector(src, &name(KBias, i), kvd)?;
-                if permuted {
-                    qb = gather_rows(&qb, qd, &gguf_row_of(hd));
-                    kb = gather_rows(&kb, kvd, &gguf_row_of(hd));
-                }
-                Some([qb, kb, vector(src, &name(VBias, i), kvd)?])
-            } else {
-                None
-            };
-            let qkv = match fuse(vec![(q, qd), (k, kvd), (v, kvd)]) {
-                Ok(w) => Qkv::Fused {
-                    w: Linear::upload(w, qd + 2 * kvd, h)?,
-                    bias: bias.map(|b| B::from_slice(&b.concat())),
-                },
-                Err(parts) => {
-                    let [q, k, v]: [(Raw, usize); 3] = parts
+                let (mut q, mut k, v) = if traits.fused_projections {
+                    let fused = require(src, &name(QkvFused, i), (qd + 2 * kvd) * h)?;
+                    let [q, k, v]: [Raw; 3] = fused
+                        .split_rows(qd + 2 * kvd, &[qd, kvd, kvd])
                         .try_into()
-                        .map_err(|_| FerrumError::invalid("fuse returned other than 3 parts"))?;
-                    Qkv::Split {
-                        parts: [
-                            Linear::upload(q.0, q.1, h)?,
-                            Linear::upload(k.0, k.1, h)?,
-                            Linear::upload(v.0, v.1, h)?,
-                        ],
-                        bias: bias.map(|b| b.map(|b| B::from_slice(&b))),
-                    }
+                        .map_err(|_| FerrumError::invalid("qkv split into other than 3 parts"))?;
+                    (q, k, v)
+                } else {
+                    (
+                        require(src, &name(Q, i), qd * h)?,
+                        require(src, &name(K, i), kvd * h)?,
+                        require(src, &name(V, i), kvd * h)?,
+                    )
+                };
+                if permuted {
+                    q = q.permute_rows(qd, gguf_row_of(hd));
+                    k = k.permute_rows(kvd, gguf_row_of(hd));
                 }
+                if cfg.rotary_dims < hd {
+                    q = q.permute_rows(qd, partial_rotary_row_of(hd, cfg.rotary_dims));
+                    k = k.permute_rows(kvd, partial_rotary_row_of(hd, cfg.rotary_dims));
+                }
+                let bias = if cfg.qkv_bias {
+                    let mut qb = vector(src, &name(QBias, i), qd)?;
+                    let mut kb = vector(src, &name(KBias, i), kvd)?;
+                    if permuted {
+                        qb = gather_rows(&qb, qd, &gguf_row_of(hd));
+                        kb = gather_rows(&kb, kvd, &gguf_row_of(hd));
+                    }
+                    Some([qb, kb, vector(src, &name(VBias, i), kvd)?])
+                } else {
+                    None
+                };
+                let qkv = match fuse(vec![(q, qd), (k, kvd), (v, kvd)]) {
+                    Ok(w) => Qkv::Fused {
+                        w: Linear::upload(w, qd + 2 * kvd, h)?,
+                        bias: bias.map(|b| B::from_slice(&b.concat())),
+                    },
+                    Err(parts) => {
+                        let [q, k, v]: [(Raw, usize); 3] = parts.try_into().map_err(|_| {
+                            FerrumError::invalid("fuse returned other than 3 parts")
+                        })?;
+                        Qkv::Split {
+                            parts: [
+                                Linear::upload(q.0, q.1, h)?,
+                                Linear::upload(k.0, k.1, h)?,
+                                Linear::upload(v.0, v.1, h)?,
+                            ],
+                            bias: bias.map(|b| b.map(|b| B::from_slice(&b))),
+                        }
+                    }
+                };
+                (Some(qkv), None, qd)
             };
             let mlp = match &cfg.moe {
                 Some(m) if m.sparse[i] => Mlp::Moe(load_moe(src, cfg.arch, m, i, h)?),
@@ -791,7 +910,8 @@ impl<B: Backend> Weights<B> {
             layers.push(LayerWeights {
                 attn_norm: norm(&name(AttnNorm, i), h)?,
                 qkv,
-                o: Linear::upload(require(src, &name(O, i), h * qd)?, h, qd)?,
+                mla,
+                o: Linear::upload(require(src, &name(O, i), h * o_in)?, h, o_in)?,
                 q_norm: if cfg.qk_norm {
                     opt_norm(QNorm, hd)?
                 } else {
@@ -920,6 +1040,7 @@ impl<B: Backend> Weights<B> {
                     Mlp::Moe(MoeWeights {
                         router: Linear::Dense(B::from_slice(&router)),
                         experts,
+                        shared: None,
                     })
                 }
                 _ => Mlp::Dense {
@@ -929,10 +1050,11 @@ impl<B: Backend> Weights<B> {
             };
             layers.push(LayerWeights {
                 attn_norm: ones(h),
-                qkv: Qkv::Fused {
+                qkv: Some(Qkv::Fused {
                     w: linear(qd + 2 * kvd, h)?,
                     bias: cfg.qkv_bias.then(|| B::alloc(qd + 2 * kvd)),
-                },
+                }),
+                mla: None,
                 o: linear(h, qd)?,
                 q_norm: cfg.qk_norm.then(|| ones(cfg.head_dim)),
                 k_norm: cfg.qk_norm.then(|| ones(cfg.head_dim)),

@@ -1,0 +1,269 @@
+//! Multi-head latent attention (DeepSeek V2).
+//!
+//! Keys and values of every head are up-projections of one small latent
+//! per token (`kv_lora_rank` values, RMS-normed) plus one `rope`-dim key
+//! shared by all heads. The KV cache therefore holds `kv_lora_rank + rope`
+//! values per token and layer, in the ordinary paged pool (one "KV head"
+//! of that width, under the same block manager as every other family),
+//! where standard attention would hold `2 · heads · head_dim`.
+//!
+//! The up-projections are absorbed, as the DeepSeek-V2 paper describes:
+//! each head's query is mapped into the latent space once (`q_nope · W_UK`,
+//! with its rope part carried along) and attends directly over the cached
+//! rows `[latent; rope key]`; the attention output, still in the latent
+//! space, is mapped to the head's value space by `W_UV` afterwards. Both
+//! maps are per-head matrices built at load ([`MlaWeights::absorb_q`],
+//! [`MlaWeights::to_v`]), so a step never expands the cache to full K/V.
+//!
+//! Layouts: a head's query dims are reordered at load so its `rope` dims
+//! sit where the rotate-half kernel pairs them (see `weights.rs`), and the
+//! rope key's interleaved pairs likewise; `q·k` is unchanged by the common
+//! reordering.
+
+use ferrum_kernels::{AttnConfig, Backend, PagedKv, QkMode};
+use ferrum_types::Result;
+
+use super::config::MlaConfig;
+use super::weights::Linear;
+
+pub struct MlaWeights<B: Backend> {
+    /// `[q_lora_rank, hidden]`, its RMSNorm, then `[heads · (nope + rope),
+    /// q_lora_rank]` (rows reordered per head for the rotate-half kernel).
+    pub q_a: Linear<B>,
+    pub q_a_norm: B::Buffer,
+    pub q_b: Linear<B>,
+    /// The latent `[kv_lora_rank, hidden]` and its RMSNorm; the shared rope
+    /// key `[rope, hidden]` (pairs reordered to rotate-half).
+    pub kv_a: Linear<B>,
+    pub kv_a_norm: B::Buffer,
+    pub k_rope: Linear<B>,
+    /// Per head `[kv_lora_rank + rope, nope + rope]`: a query head (in its
+    /// load-time order) to its latent-space query `[q_nope · W_UK; q_rope]`.
+    pub absorb_q: Vec<B::Buffer>,
+    /// Per head `[v, kv_lora_rank + rope]`: a latent-space output to the
+    /// head's values (`W_UV`; the rope columns are zero).
+    pub to_v: Vec<B::Buffer>,
+    /// `[kv_lora_rank + rope, kv_lora_rank]` and `[.., rope]` placements
+    /// (0/1 matrices): the cache row `[latent; rope key]` and the value row
+    /// `[latent; 0]` are built by two small GEMMs instead of per-row copies.
+    pub place_latent: B::Buffer,
+    pub place_rope: B::Buffer,
+}
+
+/// Per-sequence work buffers, grown to the longest segment seen.
+pub struct MlaScratch<B: Backend> {
+    rows: usize,
+    /// Passed where an op ignores its norm weight.
+    empty: B::Buffer,
+    xs: B::Buffer,
+    qa: B::Buffer,
+    qan: B::Buffer,
+    qb: B::Buffer,
+    qh: B::Buffer,
+    head_in: B::Buffer,
+    head_out: B::Buffer,
+    q_lat: B::Buffer,
+    c: B::Buffer,
+    cn: B::Buffer,
+    kr: B::Buffer,
+    krh: B::Buffer,
+    k: B::Buffer,
+    v: B::Buffer,
+    tmp: B::Buffer,
+    o_lat: B::Buffer,
+    o_heads: B::Buffer,
+    o_tok: B::Buffer,
+}
+
+impl<B: Backend> MlaScratch<B> {
+    pub fn new() -> Self {
+        let e = || B::alloc(0);
+        Self {
+            rows: 0,
+            empty: e(),
+            xs: e(),
+            qa: e(),
+            qan: e(),
+            qb: e(),
+            qh: e(),
+            head_in: e(),
+            head_out: e(),
+            q_lat: e(),
+            c: e(),
+            cn: e(),
+            kr: e(),
+            krh: e(),
+            k: e(),
+            v: e(),
+            tmp: e(),
+            o_lat: e(),
+            o_heads: e(),
+            o_tok: e(),
+        }
+    }
+
+    fn ensure(&mut self, m: &MlaConfig, heads: usize, hidden: usize, n: usize) {
+        if n <= self.rows {
+            return;
+        }
+        let (qk, dkv) = (m.nope + m.rope, m.kv_lora_rank + m.rope);
+        self.xs = B::alloc(n * hidden);
+        self.qa = B::alloc(n * m.q_lora_rank);
+        self.qan = B::alloc(n * m.q_lora_rank);
+        self.qb = B::alloc(n * heads * qk);
+        self.qh = B::alloc(n * heads * qk);
+        self.head_in = B::alloc(n * qk.max(dkv));
+        self.head_out = B::alloc(n * dkv.max(m.v));
+        self.q_lat = B::alloc(n * heads * dkv);
+        self.c = B::alloc(n * m.kv_lora_rank);
+        self.cn = B::alloc(n * m.kv_lora_rank);
+        self.kr = B::alloc(n * m.rope);
+        self.krh = B::alloc(n * m.rope);
+        self.k = B::alloc(n * dkv);
+        self.v = B::alloc(n * dkv);
+        self.tmp = B::alloc(n * dkv);
+        self.o_lat = B::alloc(n * heads * dkv);
+        self.o_heads = B::alloc(n * heads * m.v);
+        self.o_tok = B::alloc(n * heads * m.v);
+        self.rows = n;
+    }
+}
+
+/// One segment's place in the step: its rows in the batch, positions and
+/// pages.
+pub struct Segment<'a> {
+    pub r0: usize,
+    pub n: usize,
+    pub pos: usize,
+    pub pages: PagedKv<'a>,
+}
+
+/// The RoPE tables latent attention uses: the queries' (head of `nope +
+/// rope`, `rope` of it rotating) and the shared key's (`rope` wide).
+pub struct MlaRope<'a, B: Backend> {
+    pub q: (&'a B::Buffer, &'a B::Buffer),
+    pub k: (&'a B::Buffer, &'a B::Buffer),
+}
+
+impl<B: Backend> MlaWeights<B> {
+    /// One segment's attention: reads its rows of `xn` (`[rows, hidden]`),
+    /// appends its latent rows to the layer's pools and writes its output
+    /// rows (`[n, heads · v]`, token-major) into `attn` at its offset.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        ctx: &mut B::Context,
+        m: &MlaConfig,
+        (heads, hidden, eps, scale): (usize, usize, f32, f32),
+        s: &mut MlaScratch<B>,
+        rope: &MlaRope<B>,
+        xn: &B::Buffer,
+        (k_pool, v_pool): (&mut B::Buffer, &mut B::Buffer),
+        seg: &Segment,
+        attn: &mut B::Buffer,
+    ) -> Result<()> {
+        let (n, p) = (seg.n, seg.pos);
+        let (qk, dkv, rank) = (m.nope + m.rope, m.kv_lora_rank + m.rope, m.kv_lora_rank);
+        s.ensure(m, heads, hidden, n);
+        B::copy_slice(ctx, xn, seg.r0 * hidden, &mut s.xs, 0, n * hidden);
+        // Queries: low-rank, normed, up; RoPE on each head's rope dims.
+        self.q_a
+            .forward(ctx, &s.xs, &mut s.qa, n, m.q_lora_rank, hidden)?;
+        B::rms_norm(
+            ctx,
+            &s.qa,
+            &self.q_a_norm,
+            eps,
+            &mut s.qan,
+            n,
+            m.q_lora_rank,
+        );
+        self.q_b
+            .forward(ctx, &s.qan, &mut s.qb, n, heads * qk, m.q_lora_rank)?;
+        let (qc, qs) = rope.q;
+        B::qk_norm_rope(
+            ctx,
+            &s.qb,
+            &s.empty,
+            qc,
+            qs,
+            &mut s.qh,
+            n,
+            heads,
+            qk,
+            p,
+            eps,
+            QkMode::Rope,
+        );
+        // Each head's query into the latent space.
+        for h in 0..heads {
+            B::copy_slice(ctx, &s.qh, h * n * qk, &mut s.head_in, 0, n * qk);
+            B::gemm(
+                ctx,
+                &s.head_in,
+                &self.absorb_q[h],
+                &mut s.head_out,
+                n,
+                dkv,
+                qk,
+            );
+            B::copy_slice(ctx, &s.head_out, 0, &mut s.q_lat, h * n * dkv, n * dkv);
+        }
+        // The cached rows: [latent; rope key] for keys, [latent; 0] for
+        // values.
+        self.kv_a.forward(ctx, &s.xs, &mut s.c, n, rank, hidden)?;
+        B::rms_norm(ctx, &s.c, &self.kv_a_norm, eps, &mut s.cn, n, rank);
+        self.k_rope
+            .forward(ctx, &s.xs, &mut s.kr, n, m.rope, hidden)?;
+        let (kc, ks) = rope.k;
+        B::qk_norm_rope(
+            ctx,
+            &s.kr,
+            &s.empty,
+            kc,
+            ks,
+            &mut s.krh,
+            n,
+            1,
+            m.rope,
+            p,
+            eps,
+            QkMode::Rope,
+        );
+        B::gemm(ctx, &s.cn, &self.place_latent, &mut s.v, n, dkv, rank);
+        B::gemm(ctx, &s.krh, &self.place_rope, &mut s.tmp, n, dkv, m.rope);
+        B::copy_slice(ctx, &s.v, 0, &mut s.k, 0, n * dkv);
+        B::add_inplace(ctx, &mut s.k, &s.tmp, n * dkv);
+        B::paged_kv_append(ctx, k_pool, v_pool, &seg.pages, p, &s.k, &s.v, n, 1, dkv);
+        let cfg = AttnConfig {
+            num_heads: heads,
+            num_kv_heads: 1,
+            head_dim: dkv,
+            causal: true,
+            scale,
+            ..AttnConfig::default()
+        };
+        B::paged_attention(
+            ctx,
+            &s.q_lat,
+            k_pool,
+            v_pool,
+            &seg.pages,
+            &mut s.o_lat,
+            n,
+            p + n,
+            p,
+            &cfg,
+        );
+        // Latent outputs to each head's values, then token-major.
+        for h in 0..heads {
+            B::copy_slice(ctx, &s.o_lat, h * n * dkv, &mut s.head_in, 0, n * dkv);
+            B::gemm(ctx, &s.head_in, &self.to_v[h], &mut s.head_out, n, m.v, dkv);
+            B::copy_slice(ctx, &s.head_out, 0, &mut s.o_heads, h * n * m.v, n * m.v);
+        }
+        B::transpose_head_to_token(ctx, &s.o_heads, &mut s.o_tok, n, heads, m.v);
+        let width = heads * m.v;
+        B::copy_slice(ctx, &s.o_tok, 0, attn, seg.r0 * width, n * width);
+        Ok(())
+    }
+}
