@@ -64,6 +64,8 @@ pub struct HfConfig {
     pub first_k_dense_replace: Option<usize>,
     pub routed_scaling_factor: Option<f64>,
     pub topk_method: Option<String>,
+    pub n_group: Option<usize>,
+    pub topk_group: Option<usize>,
     pub q_lora_rank: Option<usize>,
     pub kv_lora_rank: Option<usize>,
     pub qk_nope_head_dim: Option<usize>,

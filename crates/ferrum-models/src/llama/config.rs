@@ -29,6 +29,9 @@ pub struct MoeConfig {
     /// Width of an always-active shared expert added to the mixture
     /// (DeepSeek), if any.
     pub shared_intermediate: Option<usize>,
+    /// Group-limited selection: experts in `(n_group, topk_group)` groups,
+    /// chosen only from the best groups (DeepSeek V2).
+    pub groups: Option<(usize, usize)>,
 }
 
 /// Multi-head latent attention (DeepSeek V2): queries through a low-rank
@@ -55,6 +58,14 @@ impl MoeConfig {
                 "{} of {} experts of width {} is not a valid mixture",
                 self.top_k, self.experts, self.intermediate
             )));
+        }
+        if let Some((g, k)) = self.groups {
+            if g == 0 || !self.experts.is_multiple_of(g) || k == 0 || k > g {
+                return Err(bad(format!(
+                    "{} experts cannot be routed as the best {k} of {g} groups",
+                    self.experts
+                )));
+            }
         }
         Ok(())
     }
@@ -238,6 +249,10 @@ impl LlamaConfig {
                         .collect(),
                     routed_scale: c.routed_scaling_factor.unwrap_or(1.0) as f32,
                     shared_intermediate: c.n_shared_experts.filter(|&n| n > 0).map(|n| n * eim),
+                    groups: match (c.topk_method.as_deref(), c.n_group, c.topk_group) {
+                        (Some("group_limited_greedy"), Some(g), Some(k)) => Some((g, k)),
+                        _ => None,
+                    },
                 }
             }),
             mla: None,
@@ -256,9 +271,13 @@ impl LlamaConfig {
             v.filter(|&x| x > 0)
                 .ok_or_else(|| bad(format!("config.json needs a positive {name}")))
         };
-        if let Some(m) = c.topk_method.as_deref().filter(|m| *m != "greedy") {
+        if let Some(m) = c
+            .topk_method
+            .as_deref()
+            .filter(|m| !matches!(*m, "greedy" | "group_limited_greedy"))
+        {
             return Err(bad(format!(
-                "expert selection {m:?} is not supported (greedy top-k is)"
+                "expert selection {m:?} is not supported (greedy and group_limited_greedy are)"
             )));
         }
         let mla = MlaConfig {
@@ -328,6 +347,7 @@ impl LlamaConfig {
                     .collect(),
                 routed_scale: 1.0,
                 shared_intermediate: None,
+                groups: None,
             })
         } else {
             None

@@ -45,9 +45,12 @@ impl Routing {
     /// softmax over all experts, the `top_k` most probable (ties go to the
     /// lower expert index, as `torch.topk` picks them), renormalised to sum
     /// to 1 when `norm`.
-    /// `scale` multiplies every chosen weight (DeepSeek's
-    /// `routed_scaling_factor`).
-    pub fn route(&mut self, logits: &[f32], experts: usize, top_k: usize, norm: bool, scale: f32) {
+    /// With `m.groups` (DeepSeek V2's group-limited greedy), experts are
+    /// picked only from the `topk_group` groups whose best expert scores
+    /// highest (the others' probabilities become 0, as transformers masks
+    /// them). `m.routed_scale` multiplies every chosen weight.
+    pub fn route(&mut self, logits: &[f32], m: &MoeConfig) {
+        let (experts, top_k, norm, scale) = (m.experts, m.top_k, m.norm_top_k, m.routed_scale);
         self.rows.resize_with(experts, Vec::new);
         self.weights.resize_with(experts, Vec::new);
         self.rows.iter_mut().for_each(Vec::clear);
@@ -61,6 +64,21 @@ impl Routing {
                     .enumerate()
                     .map(|(e, &v)| (e, (v - max).exp() / sum)),
             );
+            if let Some((groups, keep)) = m.groups {
+                let size = experts / groups;
+                let best = |g: usize| {
+                    self.ranked[g * size..(g + 1) * size]
+                        .iter()
+                        .fold(f32::NEG_INFINITY, |a, c| a.max(c.1))
+                };
+                let mut order: Vec<usize> = (0..groups).collect();
+                order.sort_by(|&a, &b| best(b).total_cmp(&best(a)).then(a.cmp(&b)));
+                for &g in &order[keep.min(groups)..] {
+                    self.ranked[g * size..(g + 1) * size]
+                        .iter_mut()
+                        .for_each(|c| c.1 = 0.0);
+                }
+            }
             self.ranked
                 .sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             let chosen = &self.ranked[..top_k.min(experts)];
@@ -141,8 +159,7 @@ impl<B: Backend> MoeWeights<B> {
         B::take_error(ctx)?;
         s.router_host.resize(rows * ne, 0.0);
         B::read_into(&s.router_out, &mut s.router_host);
-        s.routing
-            .route(&s.router_host, ne, m.top_k, m.norm_top_k, m.routed_scale);
+        s.routing.route(&s.router_host, m);
         match (&self.shared, m.shared_intermediate) {
             // The shared expert's output starts the sum.
             (Some(shared), Some(sim)) => shared.run(
@@ -209,6 +226,20 @@ impl<B: Backend> Expert<B> {
 #[cfg(test)]
 mod tests {
     use super::Routing;
+    use crate::llama::MoeConfig;
+
+    fn moe(top_k: usize, norm: bool, scale: f32, groups: Option<(usize, usize)>) -> MoeConfig {
+        MoeConfig {
+            experts: 4,
+            top_k,
+            intermediate: 1,
+            norm_top_k: norm,
+            sparse: vec![true],
+            routed_scale: scale,
+            shared_intermediate: None,
+            groups,
+        }
+    }
 
     #[test]
     fn routing_picks_top_k_with_ties_to_the_lower_index() {
@@ -220,7 +251,7 @@ mod tests {
             0.5, 0.5, 0.5, 0.5, //
             -1.0, 0.0, 3.0, 1.0,
         ];
-        r.route(&logits, 4, 2, true, 1.0);
+        r.route(&logits, &moe(2, true, 1.0, None));
         assert_eq!(r.rows, vec![vec![1], vec![0, 1], vec![2], vec![0, 2]]);
         assert_eq!(r.weights[1][0], 0.5);
         assert_eq!(r.weights[3][0], 0.5);
@@ -229,11 +260,27 @@ mod tests {
         let (a, b) = (3f32.exp(), 1f32.exp());
         assert!((r.weights[2][0] - a / (a + b)).abs() < 1e-6);
         // Without renormalisation the weights are the full softmax's.
-        r.route(&logits[8..], 4, 2, false, 2.0);
+        r.route(&logits[8..], &moe(2, false, 2.0, None));
         let z: f32 = [-1f32, 0.0, 3.0, 1.0].iter().map(|v| v.exp()).sum();
         // ... times the routed scale.
         assert!((r.weights[2][0] - 2.0 * a / z).abs() < 1e-6);
         assert!((r.weights[3][0] - 2.0 * b / z).abs() < 1e-6);
         assert!(r.rows[0].is_empty() && r.rows[1].is_empty());
+    }
+
+    #[test]
+    fn group_limited_routing_picks_within_the_best_groups() {
+        let mut r = Routing::default();
+        // Groups {0, 1} and {2, 3}: group 1's best (expert 2, logit 2.0)
+        // beats group 0's (expert 0, 1.9), so with one group kept, experts
+        // 2 and 3 are chosen although expert 0 outscores expert 3.
+        let logits = [1.9, 0.0, 2.0, 1.0];
+        r.route(&logits, &moe(2, false, 1.0, Some((2, 1))));
+        assert_eq!(r.rows, vec![vec![], vec![], vec![0], vec![0]]);
+        let z: f32 = logits.iter().map(|v| v.exp()).sum();
+        assert!((r.weights[3][0] - 1f32.exp() / z).abs() < 1e-6);
+        // Both groups kept: plain top-2.
+        r.route(&logits, &moe(2, false, 1.0, Some((2, 2))));
+        assert_eq!(r.rows, vec![vec![0], vec![], vec![0], vec![]]);
     }
 }

@@ -104,6 +104,7 @@ fn qwen3_30b_a3b() -> LlamaConfig {
             sparse: vec![true; layers],
             routed_scale: 1.0,
             shared_intermediate: None,
+            groups: None,
         }),
         mla: None,
     }
