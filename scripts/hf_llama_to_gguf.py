@@ -54,7 +54,8 @@ def llama3_rope_factors(rope, head_dim):
 
 
 # HF model_type -> GGUF architecture (llama.cpp converts Mixtral as `llama`).
-ARCH = {"llama": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe", "phi3": "phi3", "gemma2": "gemma2"}
+ARCH = {"llama": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe", "phi3": "phi3", "gemma2": "gemma2",
+        "deepseek_v2": "deepseek2"}
 
 
 def main(src, dst):
@@ -71,7 +72,8 @@ def main(src, dst):
     vocab = cfg["vocab_size"]
     rope = cfg.get("rope_parameters") or {**(cfg.get("rope_scaling") or {}),
                                           "rope_theta": cfg.get("rope_theta", 10000.0)}
-    n_exp = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+    n_exp = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
+    mla = mt == "deepseek_v2"
 
     w = gguf.GGUFWriter(dst, arch)
     # Not the folder's name: llama.cpp keys token attributes on names like "phi3".
@@ -81,13 +83,31 @@ def main(src, dst):
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_feed_forward_length(cfg["intermediate_size"])
     rot = int(rope.get("partial_rotary_factor", 1.0) * hidden) // n_head if mt == "phi3" else head_dim
+    if mla:
+        rot = cfg["qk_rope_head_dim"]
     w.add_rope_dimension_count(rot)
     w.add_head_count(n_head)
-    w.add_head_count_kv(n_kv)
+    # DeepSeek's latent attention is stored as one KV head (MQA), as llama.cpp does.
+    w.add_head_count_kv(1 if mla else n_kv)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_rope_freq_base(rope.get("rope_theta", 10000.0))
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
+    if mla:
+        rank, rope_d = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+        w.add_q_lora_rank(cfg["q_lora_rank"])
+        w.add_kv_lora_rank(rank)
+        w.add_key_length(rank + rope_d)
+        w.add_value_length(rank)
+        w.add_key_length_mla(cfg["qk_nope_head_dim"] + rope_d)
+        w.add_value_length_mla(cfg["v_head_dim"])
+        w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        w.add_expert_shared_count(cfg["n_shared_experts"])
+        w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+        if cfg.get("norm_topk_prob"):
+            w.add_expert_weights_norm(True)
+    else:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_vocab_size(vocab)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     if n_exp:
@@ -129,7 +149,16 @@ def main(src, dst):
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         out = {}
-        if mt == "phi3":
+        if mla:
+            a = p + "self_attn."
+            nope, v = cfg["qk_nope_head_dim"], cfg["v_head_dim"]
+            kv_b = t[a + "kv_b_proj.weight"].reshape(n_head, nope + v, -1)
+            out.update(attn_q_a=t[a + "q_a_proj.weight"], attn_q_a_norm=t[a + "q_a_layernorm.weight"],
+                       attn_q_b=t[a + "q_b_proj.weight"], attn_kv_a_mqa=t[a + "kv_a_proj_with_mqa.weight"],
+                       attn_kv_a_norm=t[a + "kv_a_layernorm.weight"],
+                       # k_b transposed per head [n_head, rank, nope]; v_b [n_head, v, rank].
+                       attn_k_b=kv_b[:, :nope, :].transpose(0, 2, 1), attn_v_b=kv_b[:, nope:, :])
+        elif mt == "phi3":
             out["attn_qkv"] = t[p + "self_attn.qkv_proj.weight"]
         else:
             q, k = t[p + "self_attn.q_proj.weight"], t[p + "self_attn.k_proj.weight"]
@@ -147,7 +176,14 @@ def main(src, dst):
         if mt == "qwen3_moe":
             out["attn_q_norm"] = t[p + "self_attn.q_norm.weight"]
             out["attn_k_norm"] = t[p + "self_attn.k_norm.weight"]
-        if n_exp:
+        if n_exp and f"{p}mlp.gate.weight" in t and mla:
+            e = lambda name: np.stack([t[f"{p}mlp.experts.{x}.{name}.weight"] for x in range(n_exp)])
+            out.update(ffn_gate_inp=t[f"{p}mlp.gate.weight"], ffn_gate_exps=e("gate_proj"),
+                       ffn_up_exps=e("up_proj"), ffn_down_exps=e("down_proj"),
+                       ffn_gate_shexp=t[f"{p}mlp.shared_experts.gate_proj.weight"],
+                       ffn_up_shexp=t[f"{p}mlp.shared_experts.up_proj.weight"],
+                       ffn_down_shexp=t[f"{p}mlp.shared_experts.down_proj.weight"])
+        elif n_exp and not mla:
             # Experts stacked [n_exp, rows, k], as llama.cpp's converters do.
             block, (g, u, d) = (("block_sparse_moe", ("w1", "w3", "w2")) if mt == "mixtral"
                                 else ("mlp", ("gate_proj", "up_proj", "down_proj")))

@@ -2,8 +2,9 @@
 //! Llama: Llama 3.1+ RoPE scaling (the `rope_freqs.weight` factors
 //! llama.cpp's converter writes in place of the `llama3` parameters),
 //! Qwen3-MoE and Mixtral (stacked `ffn_*_exps` experts), Phi-3 (fused
-//! `attn_qkv` and `ffn_up`, partial rotary) and Gemma 2 (soft-capping,
-//! `1 + w` norms).
+//! `attn_qkv` and `ffn_up`, partial rotary), Gemma 2 (soft-capping,
+//! `1 + w` norms) and DeepSeek V2 (latent attention with llama.cpp's split
+//! `attn_k_b` / `attn_v_b`, shared experts).
 //!
 //! `scripts/hf_llama_to_gguf.py` (run by `.ci/run`) converts each fixture
 //! into `target/fixtures/NAME.gguf` the way llama.cpp's converter does.
@@ -96,6 +97,7 @@ const CONVERTED: &[(&str, bool, f32)] = &[
     ("mixtral", true, REL_TOL),
     ("phi3", true, REL_TOL),
     ("gemma2", false, 1.5e-3),
+    ("deepseek-v2", true, REL_TOL),
 ];
 
 #[test]

@@ -40,6 +40,7 @@ pub const NAMES: &[(&str, Arch)] = &[
     ("gemma3", Arch::Gemma3),
     ("gemma3_text", Arch::Gemma3),
     ("deepseek_v2", Arch::DeepseekV2),
+    ("deepseek2", Arch::DeepseekV2),
 ];
 
 /// Which layers use the sliding window in a GGUF file (which records only

@@ -332,22 +332,44 @@ impl LlamaConfig {
         let gemma = t.gemma;
         let experts = u("expert_count").unwrap_or(0);
         let moe = if experts > 0 {
+            let eim = u("expert_feed_forward_length").or_else(|_| u("feed_forward_length"))?;
             Some(MoeConfig {
                 experts,
                 top_k: u("expert_used_count")?,
-                intermediate: u("expert_feed_forward_length")
-                    .or_else(|_| u("feed_forward_length"))?,
-                // llama.cpp renormalises for both of these architectures.
+                intermediate: eim,
+                // llama.cpp renormalises for Mixtral and Qwen3-MoE; its
+                // DeepSeek files say so when they do.
                 norm_top_k: g
                     .get(&key("expert_weights_norm"))
                     .and_then(|v| v.as_bool())
-                    .unwrap_or(true),
+                    .unwrap_or(!t.latent_attention),
                 sparse: (0..layers)
                     .map(|i| g.tensor(&format!("blk.{i}.ffn_gate_inp.weight")).is_some())
                     .collect(),
-                routed_scale: 1.0,
-                shared_intermediate: None,
+                routed_scale: g.get_f64(&key("expert_weights_scale")).unwrap_or(1.0) as f32,
+                shared_intermediate: u("expert_shared_count")
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .map(|n| n * eim),
                 groups: None,
+            })
+        } else {
+            None
+        };
+        let mla = if t.latent_attention {
+            let rope = u("rope.dimension_count")?;
+            let qk = u("attention.key_length_mla")?;
+            if qk <= rope {
+                return Err(g.error(format!(
+                    "key_length_mla {qk} leaves no room beside {rope} rope dims"
+                )));
+            }
+            Some(MlaConfig {
+                q_lora_rank: u("attention.q_lora_rank")?,
+                kv_lora_rank: u("attention.kv_lora_rank")?,
+                nope: qk - rope,
+                rope,
+                v: u("attention.value_length_mla")?,
             })
         } else {
             None
@@ -378,7 +400,10 @@ impl LlamaConfig {
             sliding,
             qkv_bias: g.tensor("blk.0.attn_q.bias").is_some(),
             qk_norm: g.tensor("blk.0.attn_q_norm.weight").is_some(),
-            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            attn_scale: match &mla {
+                Some(m) => 1.0 / ((m.nope + m.rope) as f32).sqrt(),
+                None => 1.0 / (head_dim as f32).sqrt(),
+            },
             embed_scale: gemma.then(|| (hidden as f32).sqrt()),
             sandwich_norms: gemma,
             act: if gemma {
@@ -395,7 +420,7 @@ impl LlamaConfig {
                 .ok()
                 .map(|v| v as f32),
             moe,
-            mla: None,
+            mla,
         }
         .check()
         .map_err(|e| g.error(e.to_string()))

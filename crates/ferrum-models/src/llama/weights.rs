@@ -640,18 +640,28 @@ fn load_moe<B: Backend>(
             )
         }
     };
-    let shared = match (m.shared_intermediate, src) {
-        (Some(sim), Source::Hf(_)) => {
-            let p = format!("model.layers.{i}.mlp.shared_experts");
-            let w =
-                |n: &str, rows: usize, k: usize| require(src, &format!("{p}.{n}.weight"), rows * k);
-            let gate_up = vec![(w("gate_proj", sim, h)?, sim), (w("up_proj", sim, h)?, sim)];
+    let shared = match m.shared_intermediate {
+        Some(sim) => {
+            let name = |n: usize| match src {
+                Source::Gguf(_) => {
+                    let g = ["ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"][n];
+                    format!("blk.{i}.{g}.weight")
+                }
+                Source::Hf(_) => {
+                    let p = ["gate_proj", "up_proj", "down_proj"][n];
+                    format!("model.layers.{i}.mlp.shared_experts.{p}.weight")
+                }
+            };
+            let gate_up = vec![
+                (require(src, &name(0), sim * h)?, sim),
+                (require(src, &name(1), sim * h)?, sim),
+            ];
             Some(Expert {
                 gate_up: Linear::upload(fuse_or_f32(gate_up, h)?, 2 * sim, h)?,
-                down: Linear::upload(w("down_proj", h, sim)?, h, sim)?,
+                down: Linear::upload(require(src, &name(2), h * sim)?, h, sim)?,
             })
         }
-        _ => None,
+        None => None,
     };
     let experts = gates
         .into_iter()
@@ -683,7 +693,7 @@ fn interleaved_to_half(d: usize) -> impl Fn(usize) -> usize {
     }
 }
 
-/// Latent attention of layer `i` (Hugging Face names): see `mla.rs`. A query
+/// Latent attention of layer `i`: see `mla.rs`. A query
 /// head's `nope + rope` rows are reordered as `[rope (rotate-half); nope]`
 /// and then as partial rotary (`partial_rotary_row_of`), and the absorbed
 /// maps are built in that order.
@@ -696,8 +706,21 @@ fn load_mla<B: Backend>(
 ) -> Result<MlaWeights<B>> {
     let (nope, rope, rank, v) = (m.nope, m.rope, m.kv_lora_rank, m.v);
     let (qk, dkv) = (nope + rope, rank + rope);
-    let p = format!("model.layers.{i}.self_attn");
-    let name = |n: &str| format!("{p}.{n}");
+    // Hugging Face's names, and llama.cpp's (`deepseek2`).
+    let name = |hf: &str| match src {
+        Source::Gguf(_) => {
+            let g = match hf {
+                "q_a_proj.weight" => "attn_q_a.weight",
+                "q_a_layernorm.weight" => "attn_q_a_norm.weight",
+                "q_b_proj.weight" => "attn_q_b.weight",
+                "kv_a_proj_with_mqa.weight" => "attn_kv_a_mqa.weight",
+                "kv_a_layernorm.weight" => "attn_kv_a_norm.weight",
+                other => other,
+            };
+            format!("blk.{i}.{g}")
+        }
+        Source::Hf(_) => format!("model.layers.{i}.self_attn.{hf}"),
+    };
     let inter = interleaved_to_half(rope);
     let partial = partial_rotary_row_of(qk, rope);
     // Head slot -> the Hugging Face dim it holds (within a head).
@@ -716,8 +739,36 @@ fn load_mla<B: Backend>(
         .try_into()
         .map_err(|_| FerrumError::invalid("kv_a split into other than 2 parts"))?;
     let kr = kr.permute_rows(rope, &inter);
-    let kv_b = require(src, &name("kv_b_proj.weight"), heads * (nope + v) * rank)?
-        .to_f32(heads * (nope + v), rank)?;
+    // `kv_b_proj` `[heads · (nope + v), rank]`; llama.cpp splits it into
+    // `attn_k_b` (each head's part transposed, `[heads, rank, nope]`) and
+    // `attn_v_b` (`[heads, v, rank]`).
+    let kv_b = match src {
+        Source::Hf(_) => require(src, &name("kv_b_proj.weight"), heads * (nope + v) * rank)?
+            .to_f32(heads * (nope + v), rank)?,
+        Source::Gguf(_) => {
+            let k_b = require(
+                src,
+                &format!("blk.{i}.attn_k_b.weight"),
+                heads * rank * nope,
+            )?
+            .to_f32(heads * rank, nope)?;
+            let v_b = require(src, &format!("blk.{i}.attn_v_b.weight"), heads * v * rank)?
+                .to_f32(heads * v, rank)?;
+            let mut kv_b = vec![0f32; heads * (nope + v) * rank];
+            for hh in 0..heads {
+                for r in 0..rank {
+                    for d in 0..nope {
+                        kv_b[(hh * (nope + v) + d) * rank + r] = k_b[(hh * rank + r) * nope + d];
+                    }
+                }
+                for j in 0..v {
+                    let row = (hh * (nope + v) + nope + j) * rank;
+                    kv_b[row..row + rank].copy_from_slice(&v_b[(hh * v + j) * rank..][..rank]);
+                }
+            }
+            kv_b
+        }
+    };
     let w = |head: usize, row: usize, r: usize| kv_b[(head * (nope + v) + row) * rank + r];
     let mut absorb_q = Vec::with_capacity(heads);
     let mut to_v = Vec::with_capacity(heads);
