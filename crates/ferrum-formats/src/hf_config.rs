@@ -22,6 +22,9 @@ pub struct RopeParams {
     pub original_max_position_embeddings: Option<usize>,
     /// The fraction of each head's dimensions that rotate (Phi-3: 0.5...).
     pub partial_rotary_factor: f64,
+    /// LongRoPE's per-pair frequency divisors (Phi-3 128K, Phi-3.5).
+    pub short_factor: Vec<f64>,
+    pub long_factor: Vec<f64>,
 }
 
 /// The fields of `config.json` Ferrum reads. Model code turns these into its
@@ -84,6 +87,12 @@ pub struct HfConfig {
 
 fn rope_from(v: &Value, fallback_theta: f64) -> RopeParams {
     let f = |k: &str| v.get(k).and_then(Value::as_f64);
+    let floats = |k: &str| -> Vec<f64> {
+        v.get(k)
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_f64).collect())
+            .unwrap_or_default()
+    };
     RopeParams {
         theta: f("rope_theta").unwrap_or(fallback_theta),
         rope_type: v
@@ -100,6 +109,8 @@ fn rope_from(v: &Value, fallback_theta: f64) -> RopeParams {
             .and_then(Value::as_u64)
             .map(|x| x as usize),
         partial_rotary_factor: f("partial_rotary_factor").unwrap_or(1.0),
+        short_factor: floats("short_factor"),
+        long_factor: floats("long_factor"),
     }
 }
 

@@ -19,6 +19,16 @@ pub enum RopeScaling {
     /// `freq_factors`, which its converter derives from the `llama3`
     /// parameters).
     Factors(Vec<f32>),
+    /// Phi-3's LongRoPE: per-pair divisors, the long set when the cache
+    /// reaches past `original_max_position` (chosen once per table, as
+    /// llama.cpp chooses by context size), and cos/sin scaled by
+    /// `attn_factor`.
+    LongRope {
+        short: Vec<f32>,
+        long: Vec<f32>,
+        original_max_position: usize,
+        attn_factor: f32,
+    },
     /// Llama 3.1's frequency-dependent scaling.
     Llama3 {
         factor: f32,
@@ -49,6 +59,20 @@ impl RopeSpec {
             "linear" => RopeScaling::Linear {
                 factor: p.factor as f32,
             },
+            "longrope" | "su" => {
+                let orig = p.original_max_position_embeddings.unwrap_or(max_pos);
+                let scale = max_pos as f64 / orig as f64;
+                let to32 = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+                if p.short_factor.is_empty() || p.short_factor.len() != p.long_factor.len() {
+                    return Err("longrope needs short_factor and long_factor of one length".into());
+                }
+                RopeScaling::LongRope {
+                    short: to32(&p.short_factor),
+                    long: to32(&p.long_factor),
+                    original_max_position: orig,
+                    attn_factor: long_rope_attn_factor(scale, orig),
+                }
+            }
             "llama3" => RopeScaling::Llama3 {
                 factor: p.factor as f32,
                 low_freq_factor: p.low_freq_factor as f32,
@@ -57,7 +81,7 @@ impl RopeSpec {
             },
             other => {
                 return Err(format!(
-                    "rope type '{other}' is not supported (default, linear, llama3)"
+                    "rope type '{other}' is not supported (default, linear, llama3, longrope)"
                 ))
             }
         };
@@ -67,13 +91,27 @@ impl RopeSpec {
         })
     }
 
-    /// Inverse frequency of each of the `head_dim / 2` rotated pairs.
-    pub fn inv_freq(&self, head_dim: usize) -> Vec<f32> {
+    /// Inverse frequency of each of the `head_dim / 2` rotated pairs, for
+    /// tables of `positions`.
+    pub fn inv_freq(&self, head_dim: usize, positions: usize) -> Vec<f32> {
         (0..head_dim / 2)
             .map(|i| {
                 let base = 1.0 / self.theta.powf((2 * i) as f32 / head_dim as f32);
                 match self.scaling {
                     RopeScaling::None => base,
+                    RopeScaling::LongRope {
+                        ref short,
+                        ref long,
+                        original_max_position,
+                        ..
+                    } => {
+                        let f = if positions > original_max_position {
+                            long
+                        } else {
+                            short
+                        };
+                        base / f.get(i).copied().unwrap_or(1.0)
+                    }
                     RopeScaling::Linear { factor } => base / factor,
                     RopeScaling::Factors(ref f) => base / f.get(i).copied().unwrap_or(1.0),
                     RopeScaling::Llama3 {
@@ -116,18 +154,66 @@ impl RopeSpec {
         head_dim: usize,
         rotary: usize,
     ) -> (Vec<f32>, Vec<f32>) {
-        let mut inv = self.inv_freq(rotary);
+        let mut inv = self.inv_freq(rotary, positions);
         let half = head_dim / 2;
         inv.resize(half, 0.0);
+        let m = match self.scaling {
+            RopeScaling::LongRope { attn_factor, .. } => attn_factor,
+            _ => 1.0,
+        };
         let mut cos = vec![0f32; positions * half];
         let mut sin = vec![0f32; positions * half];
         for p in 0..positions {
             for (i, &f) in inv.iter().enumerate() {
                 let angle = p as f32 * f;
-                cos[p * half + i] = angle.cos();
-                sin[p * half + i] = angle.sin();
+                cos[p * half + i] = angle.cos() * m;
+                sin[p * half + i] = angle.sin() * m;
             }
         }
         (cos, sin)
+    }
+}
+
+/// LongRoPE's cos/sin scale for a context `scale` times the original
+/// `orig` positions: `√(1 + ln scale / ln orig)`, 1 when not extended
+/// (transformers' and llama.cpp's Phi-3 formula).
+pub fn long_rope_attn_factor(scale: f64, orig: usize) -> f32 {
+    if scale <= 1.0 {
+        return 1.0;
+    }
+    (1.0 + scale.ln() / (orig as f64).ln()).sqrt() as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_rope_picks_factors_by_table_length_and_scales() {
+        let spec = RopeSpec {
+            theta: 10_000.0,
+            scaling: RopeScaling::LongRope {
+                short: vec![1.0, 2.0],
+                long: vec![4.0, 8.0],
+                original_max_position: 16,
+                attn_factor: long_rope_attn_factor(8.0, 16),
+            },
+        };
+        // sqrt(1 + ln 8 / ln 16) = sqrt(1.75).
+        assert!((long_rope_attn_factor(8.0, 16) - 1.75f32.sqrt()).abs() < 1e-6);
+        assert_eq!(long_rope_attn_factor(1.0, 16), 1.0);
+        let base = [1.0f32, 1.0 / 100.0];
+        let short = spec.inv_freq(4, 16);
+        let long = spec.inv_freq(4, 17);
+        for i in 0..2 {
+            assert!((short[i] - base[i] / [1.0, 2.0][i]).abs() < 1e-9);
+            assert!((long[i] - base[i] / [4.0, 8.0][i]).abs() < 1e-9);
+        }
+        let (cos, sin) = spec.tables(16, 4);
+        let m = 1.75f32.sqrt();
+        // Position 3, pair 1: angle 3 · 0.01 / 2.
+        let a = 3.0 * 0.01 / 2.0f32;
+        assert!((cos[3 * 2 + 1] - a.cos() * m).abs() < 1e-6);
+        assert!((sin[3 * 2 + 1] - a.sin() * m).abs() < 1e-6);
     }
 }

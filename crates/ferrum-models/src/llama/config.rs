@@ -7,7 +7,7 @@ use ferrum_types::{FerrumError, Result};
 
 use super::arch::Arch;
 use crate::registry::llama_arch;
-use crate::rope::{RopeScaling, RopeSpec};
+use crate::rope::{long_rope_attn_factor, RopeScaling, RopeSpec};
 
 /// A mixture-of-experts MLP: a router picks `top_k` of `experts` gated
 /// MLPs per token and mixes their outputs by its softmax weights.
@@ -119,25 +119,25 @@ pub struct LlamaConfig {
     pub mla: Option<MlaConfig>,
 }
 
-/// The per-pair frequency factors of a GGUF file's `rope_freqs.weight`
-/// (Llama 3.1+), if it has them: `head_dim / 2` positive f32 values.
-fn rope_freqs(g: &GgufFile, head_dim: usize) -> Result<Option<Vec<f32>>> {
-    const NAME: &str = "rope_freqs.weight";
-    let Some(t) = g.tensor(NAME) else {
+/// Per-pair RoPE frequency factors stored as a GGUF tensor, if the file
+/// has `name`: `rotary / 2` positive f32 values (Llama 3.1+'s
+/// `rope_freqs.weight`, Phi-3's `rope_factors_long/short.weight`).
+fn rope_factors(g: &GgufFile, name: &str, rotary: usize) -> Result<Option<Vec<f32>>> {
+    let Some(t) = g.tensor(name) else {
         return Ok(None);
     };
-    if t.numel() != (head_dim / 2) as u64 {
+    if t.numel() != (rotary / 2) as u64 {
         return Err(g.error(format!(
-            "{NAME} has {} values; a head of {head_dim} needs {}",
+            "{name} has {} values; {rotary} rotary dims need {}",
             t.numel(),
-            head_dim / 2
+            rotary / 2
         )));
     }
-    let mut f = vec![0f32; head_dim / 2];
+    let mut f = vec![0f32; rotary / 2];
     ferrum_kernels::quant::dequantize(t.ty, g.tensor_data(t), &mut f)
-        .map_err(|e| g.error(format!("{NAME}: {e}")))?;
+        .map_err(|e| g.error(format!("{name}: {e}")))?;
     if let Some(v) = f.iter().find(|v| !(v.is_finite() && **v > 0.0)) {
-        return Err(g.error(format!("{NAME} holds {v}; its factors must be positive")));
+        return Err(g.error(format!("{name} holds {v}; its factors must be positive")));
     }
     Ok(Some(f))
 }
@@ -319,11 +319,32 @@ impl LlamaConfig {
                 })?,
         };
         let theta = g.get_f64(&key("rope.freq_base")).unwrap_or(10_000.0) as f32;
-        let scaling = match g.get(&key("rope.scaling.type")).and_then(|v| v.as_str()) {
-            Some("linear") => RopeScaling::Linear {
+        let rotary = u("rope.dimension_count").unwrap_or(head_dim);
+        let long_rope = (
+            rope_factors(g, "rope_factors_short.weight", rotary)?,
+            rope_factors(g, "rope_factors_long.weight", rotary)?,
+        );
+        let scaling = match (
+            g.get(&key("rope.scaling.type")).and_then(|v| v.as_str()),
+            long_rope,
+        ) {
+            (Some("linear"), _) => RopeScaling::Linear {
                 factor: g.get_f64(&key("rope.scaling.factor")).unwrap_or(1.0) as f32,
             },
-            _ => match rope_freqs(g, head_dim)? {
+            (_, (Some(short), Some(long))) => {
+                let ctx = u("context_length").unwrap_or(4096);
+                let orig = u("rope.scaling.original_context_length").unwrap_or(ctx);
+                RopeScaling::LongRope {
+                    short,
+                    long,
+                    original_max_position: orig,
+                    attn_factor: g
+                        .get_f64(&key("rope.scaling.attn_factor"))
+                        .map(|f| f as f32)
+                        .unwrap_or_else(|_| long_rope_attn_factor(ctx as f64 / orig as f64, orig)),
+                }
+            }
+            _ => match rope_factors(g, "rope_freqs.weight", head_dim)? {
                 Some(f) => RopeScaling::Factors(f),
                 None => RopeScaling::None,
             },
@@ -424,5 +445,44 @@ impl LlamaConfig {
         }
         .check()
         .map_err(|e| g.error(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn phi3_long_rope_config_is_read() {
+        let c = HfConfig::parse(
+            r#"{"model_type": "phi3", "hidden_size": 64, "intermediate_size": 128,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 32,
+                "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+                "rope_scaling": {"type": "longrope", "short_factor": [1, 1, 1, 1, 1, 1, 1, 1],
+                                 "long_factor": [1, 2, 3, 4, 5, 6, 7, 8],
+                                 "original_max_position_embeddings": 4096}}"#,
+        )
+        .unwrap();
+        let cfg = LlamaConfig::from_hf(&c).unwrap();
+        let RopeScaling::LongRope {
+            long,
+            original_max_position,
+            attn_factor,
+            ..
+        } = &cfg.rope.scaling
+        else {
+            panic!("{:?}", cfg.rope.scaling);
+        };
+        assert_eq!((long[7], *original_max_position), (8.0, 4096));
+        // sqrt(1 + ln(32) / ln(4096)) = sqrt(1 + 5/12).
+        assert!((attn_factor - (17.0f32 / 12.0).sqrt()).abs() < 1e-6);
+        let bad = HfConfig::parse(
+            r#"{"model_type": "phi3", "hidden_size": 64, "intermediate_size": 128,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 32,
+                "rope_scaling": {"type": "longrope", "short_factor": [1], "long_factor": []}}"#,
+        )
+        .unwrap();
+        assert!(LlamaConfig::from_hf(&bad).is_err());
     }
 }
