@@ -167,39 +167,10 @@ fn ref_attention(
     out
 }
 
+/// Attention against the f64 reference; `softcap` > 0 soft-caps the
+/// scores as Gemma 2 does.
 #[allow(clippy::too_many_arguments)]
 fn check_attention(
-    batch: usize,
-    nkv: usize,
-    group: usize,
-    hd: usize,
-    q_len: usize,
-    kv_len: usize,
-    pos_offset: usize,
-    extra_stride: usize,
-    causal: bool,
-    window: usize,
-    seed: u64,
-) {
-    check_attention_capped(
-        batch,
-        nkv,
-        group,
-        hd,
-        q_len,
-        kv_len,
-        pos_offset,
-        extra_stride,
-        causal,
-        window,
-        0.0,
-        seed,
-    );
-}
-
-/// [`check_attention`] with Gemma 2's logit soft-capping at `softcap`.
-#[allow(clippy::too_many_arguments)]
-fn check_attention_capped(
     batch: usize,
     nkv: usize,
     group: usize,
@@ -279,6 +250,7 @@ fn attention_gqa_ratios_and_masks() {
                             extra_stride,
                             causal,
                             window,
+                            0.0,
                             seed,
                         );
                     }
@@ -292,17 +264,17 @@ fn attention_gqa_ratios_and_masks() {
 fn attention_batched_long_context() {
     // Two sequences, head_dim 64 and 128, long prefill and decode over a
     // padded cache (kv_seq_stride > kv_len).
-    check_attention(2, 3, 3, 64, 130, 300, 170, 20, true, 0, 7);
-    check_attention(2, 2, 4, 128, 1, 1000, 999, 24, true, 0, 8);
-    check_attention(1, 1, 2, 80, 64, 64, 0, 0, true, 48, 9);
+    check_attention(2, 3, 3, 64, 130, 300, 170, 20, true, 0, 0.0, 7);
+    check_attention(2, 2, 4, 128, 1, 1000, 999, 24, true, 0, 0.0, 8);
+    check_attention(1, 1, 2, 80, 64, 64, 0, 0, true, 48, 0.0, 9);
     // Soft-capped scores (Gemma 2): scores of O(3) capped at 2 and 0.5.
-    check_attention_capped(1, 2, 2, 32, 20, 40, 20, 0, true, 8, 2.0, 12);
-    check_attention_capped(2, 1, 4, 64, 1, 300, 299, 3, true, 0, 0.5, 13);
+    check_attention(1, 2, 2, 32, 20, 40, 20, 0, true, 8, 2.0, 12);
+    check_attention(2, 1, 4, 64, 1, 300, 299, 3, true, 0, 0.5, 13);
     // Single queries whose keys are split over tasks and merged: one KV
     // head, over a window that starts off a tile boundary, and unwindowed
     // at the most chunks.
-    check_attention(2, 1, 4, 64, 1, 2000, 1999, 8, true, 700, 10);
-    check_attention(1, 2, 2, 32, 1, 5000, 4999, 0, true, 0, 11);
+    check_attention(2, 1, 4, 64, 1, 2000, 1999, 8, true, 700, 0.0, 10);
+    check_attention(1, 2, 2, 32, 1, 5000, 4999, 0, true, 0, 0.0, 11);
 }
 
 #[test]
@@ -364,7 +336,7 @@ proptest! {
         window in prop::sample::select(vec![0usize, 1, 3, 32]),
         seed in 0u64..1000,
     ) {
-        check_attention(batch, nkv, group, hd, q_len, past + q_len, past, extra, causal, window, seed);
+        check_attention(batch, nkv, group, hd, q_len, past + q_len, past, extra, causal, window, 0.0, seed);
     }
 }
 

@@ -613,18 +613,17 @@ impl<B: Backend> LlamaModel<B> {
         let (s, w) = (&mut self.scratch, &self.w);
         let lw = &w.layers[l];
         match (&lw.mlp, &c.moe) {
-            (Mlp::Dense { gate_up, down }, _) => {
-                gate_up.forward(ctx, &s.xn, &mut s.gate_up, rows, 2 * im, h)?;
-                match c.act {
-                    Activation::Silu => {
-                        B::fused_silu_mul_split(ctx, &s.gate_up, &mut s.act, rows, im)
-                    }
-                    Activation::GeluTanh => {
-                        B::fused_gelu_tanh_mul_split(ctx, &s.gate_up, &mut s.act, rows, im)
-                    }
-                }
-                down.forward(ctx, &s.act, &mut s.o, rows, h, im)?;
-            }
+            (Mlp::Dense(mlp), _) => mlp.run(
+                ctx,
+                c.act,
+                &s.xn,
+                &mut s.gate_up,
+                &mut s.act,
+                &mut s.o,
+                rows,
+                h,
+                im,
+            )?,
             (Mlp::Moe(moe), Some(m)) => moe.forward(
                 ctx,
                 m,

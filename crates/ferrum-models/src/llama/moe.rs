@@ -15,7 +15,7 @@ use ferrum_types::Result;
 use super::config::{Activation, MoeConfig};
 use super::weights::Linear;
 
-/// One expert's gated MLP.
+/// A gated MLP: one expert, or a layer's dense MLP.
 pub struct Expert<B: Backend> {
     /// Fused `[2·intermediate, hidden]`, gate rows first.
     pub gate_up: Linear<B>,
@@ -202,7 +202,7 @@ impl<B: Backend> MoeWeights<B> {
 impl<B: Backend> Expert<B> {
     /// `out[n, hidden]` = this gated MLP (width `im`) on `x[n, hidden]`.
     #[allow(clippy::too_many_arguments)]
-    fn run(
+    pub fn run(
         &self,
         ctx: &mut B::Context,
         act: Activation,

@@ -502,21 +502,20 @@ pub struct LayerWeights<B: Backend> {
 
 /// A layer's MLP.
 pub enum Mlp<B: Backend> {
-    /// `gate_up` fused `[2·intermediate, hidden]`, gate rows first.
-    Dense {
-        gate_up: Linear<B>,
-        down: Linear<B>,
-    },
+    /// One gated MLP of the model's `intermediate` width (the same block as
+    /// an expert).
+    Dense(Expert<B>),
     Moe(MoeWeights<B>),
 }
 
 impl<B: Backend> Mlp<B> {
     fn linears_mut(&mut self) -> Vec<&mut Linear<B>> {
         match self {
-            Mlp::Dense { gate_up, down } => vec![gate_up, down],
+            Mlp::Dense(e) => vec![&mut e.gate_up, &mut e.down],
             Mlp::Moe(m) => m
                 .experts
                 .iter_mut()
+                .chain(m.shared.as_mut())
                 .flat_map(|e| [&mut e.gate_up, &mut e.down])
                 .collect(),
         }
@@ -950,10 +949,10 @@ impl<B: Backend> Weights<B> {
                             h,
                         )?
                     };
-                    Mlp::Dense {
+                    Mlp::Dense(Expert {
                         gate_up: Linear::upload(gate_up, 2 * im, h)?,
                         down: Linear::upload(require(src, &name(Down, i), h * im)?, h, im)?,
-                    }
+                    })
                 }
             };
             let opt_norm =
@@ -1094,10 +1093,10 @@ impl<B: Backend> Weights<B> {
                         shared: None,
                     })
                 }
-                _ => Mlp::Dense {
+                _ => Mlp::Dense(Expert {
                     gate_up: linear(2 * im, h)?,
                     down: linear(h, im)?,
-                },
+                }),
             };
             layers.push(LayerWeights {
                 attn_norm: ones(h),
