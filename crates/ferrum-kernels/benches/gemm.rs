@@ -80,7 +80,10 @@ fn bench_gemm_quant(c: &mut Criterion) {
         (Q5_0, 4864, 896, false),
         (Q8_0, 4864, 896, false),
         (Q4K, 896, 4864, false),
+        (Q4K, 896, 4864, true),
+        (Q5K, 896, 4864, true),
         (Q6K, 896, 4864, false),
+        (Q6K, 896, 4864, true),
     ] {
         let bytes = random_blocks(&mut rng, t, n, k);
         let qw = CpuBackend::load_gguf(&bytes, t, n, k).unwrap_or_else(|e| panic!("{e}"));

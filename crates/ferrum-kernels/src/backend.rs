@@ -40,8 +40,9 @@ pub enum QuantKind {
     /// per 32 values, a block's lone outlier (`|x| > 5 · rms`) kept exact
     /// (LLM activations spike in a few channels, and a block scaled to a
     /// spike loses its other values), so a backend with such a kernel for
-    /// `quant_type` may use it where it is faster (the CPU's, for Q4_1 on
-    /// AVX2 without VNNI: twice the multiplies per instruction). A model sets it per
+    /// `quant_type` may use it where it is faster (the CPU's: Q4_K, Q5_K
+    /// and Q6_K, and Q4_1 on AVX2 without VNNI; twice the multiplies per
+    /// instruction). A model sets it per
     /// layer role, where the rounding was measured not to move perplexity;
     /// elsewhere the backend's own activation precision applies. (Not in
     /// the interface this was specified from, which has the quant type

@@ -52,6 +52,9 @@ pub(crate) struct ActRows {
     /// `outlier_count[r]` of `outliers[r · k/32..]`, in value order.
     pub(crate) outliers: Vec<Outlier>,
     pub(crate) outlier_count: Vec<usize>,
+    /// Sums of 16 of the 8-bit values, for the k-quant kernels
+    /// (`super::kquant_lanes::order8` fills them).
+    pub(crate) sums16: Vec<i16>,
     pub(crate) k: usize,
     pub(crate) group: usize,
     pub(crate) stride: usize,
@@ -89,7 +92,8 @@ impl ActRows {
 
 impl ActRows {
     /// Re-fills `self` with `a` (`[m, k]`, `k` a multiple of 32) as 8-bit
-    /// values for the Q4_1 kernel of [`super::interleaved`]. Per 32 values:
+    /// values for the Q4_1 kernel of [`super::interleaved`] and the k-quant
+    /// kernels of [`super::kquant_lanes`]. Per 32 values:
     /// the largest is set aside as an [`Outlier`] (its `q` is 0) if its
     /// square exceeds [`OUTLIER_SHARE`] of the block's sum of squares; of
     /// the others, `d = max|x| / 127` (in `d`), `q = round_half_even(x / d)`
@@ -97,11 +101,11 @@ impl ActRows {
     /// in the order 0, 4, 1, 5, 2, 6, 3, 7, which is the order of a weight
     /// word's bytes once masked to low (values 0, 4, 1, 5) or high nibbles
     /// (2, 6, 3, 7), so that four activation bytes broadcast as one word
-    /// line up with them for `PMADDUBSW`.
+    /// line up with them for `PMADDUBSW`; with `natural`, in value order.
     ///
     /// Only for CPUs with AVX2 (the caller checks
-    /// [`super::interleaved::takes_act8`]).
-    pub(crate) fn quantize8(&mut self, a: &[f32], m: usize, k: usize) {
+    /// [`super::interleaved::takes_act8`] or [`super::kquant_lanes::supports`]).
+    pub(crate) fn quantize8(&mut self, a: &[f32], m: usize, k: usize, natural: bool) {
         debug_assert!(k.is_multiple_of(32) && a.len() >= m * k);
         let groups = k / 32;
         let stride = groups.next_multiple_of(8);
@@ -125,7 +129,7 @@ impl ActRows {
                 // SAFETY: the caller checked AVX2; group `g` of `x` and `q`
                 // is in bounds.
                 let (dg, sg, spike) =
-                    unsafe { x86::quantize8(&x[32 * g..][..32], &mut q[32 * g..][..32]) };
+                    unsafe { x86::quantize8(&x[32 * g..][..32], &mut q[32 * g..][..32], natural) };
                 (d[g], s[g]) = (dg, sg);
                 if let Some(i) = spike {
                     let at = 32 * g + i;
@@ -286,7 +290,7 @@ mod tests {
         a[64..96].fill(0.0);
         a[70] = -3.0;
         let mut act = ActRows::default();
-        act.quantize8(&a, m, k);
+        act.quantize8(&a, m, k, false);
         let order = [0, 4, 1, 5, 2, 6, 3, 7];
         let mut spikes = 0;
         for r in 0..m {

@@ -25,8 +25,8 @@ mod activation;
 mod attention;
 mod features;
 mod gptq;
-mod int_dot;
 mod interleaved;
+mod kquant_lanes;
 mod layout;
 mod matmul;
 mod norm;
@@ -97,7 +97,7 @@ pub fn simd_level() -> &'static str {
 /// honours `QuantKind::Gguf::int8_activations` on this CPU: 8-bit values
 /// per 32, with the scale `max|x| / 127`, rounded half to even.
 pub fn takes_int8_activations(ty: crate::GgufQuantType) -> bool {
-    interleaved::takes_act8(ty.ggml())
+    interleaved::takes_act8(ty.ggml()) || kquant_lanes::supports(ty.ggml())
 }
 
 /// The activation group size when `gemm_quant` with `ty` weights (loaded
@@ -108,7 +108,7 @@ pub fn integer_activation_group(ty: crate::GgufQuantType) -> Option<usize> {
     if interleaved::supports(ty.ggml()) {
         Some(32)
     } else {
-        int_dot::supports(ty.ggml()).then_some(int_dot::ACT_GROUP)
+        kquant_lanes::supports(ty.ggml()).then_some(kquant_lanes::ACT_GROUP)
     }
 }
 
@@ -160,9 +160,11 @@ pub enum CpuDtype {
     F16,
     /// GGUF blocks of this type in the file's layout (from `load_gguf`).
     Blocks(GgmlType),
-    /// GGUF blocks of this type repacked into the interleaved layout of the
-    /// CPU kernels (from `load_gguf`).
-    Interleaved(GgmlType),
+    /// GGUF blocks of this type re-laid out at load for the CPU kernels
+    /// (from `load_gguf`): interleaved rows for the 32-value types
+    /// (`interleaved`), sub-blocks in vector lanes for the k-quants
+    /// (`kquant_lanes`).
+    Repacked(GgmlType),
 }
 
 /// A host buffer of 32-bit words and what they hold.
@@ -624,9 +626,10 @@ impl Backend for CpuBackend {
         dst[offset..offset + data.len()].copy_from_slice(data);
     }
 
-    /// The 32-value block types are interleaved eight rows at a time where
-    /// the CPU has their kernels (`interleaved`); other types stay as in
-    /// the file.
+    /// The 32-value block types are interleaved sixteen rows at a time and
+    /// Q4_K/Q5_K/Q6_K's sub-blocks put in vector lanes where the CPU has
+    /// their kernels (`interleaved`, `kquant_lanes`; the same size as the
+    /// file's); other types stay as in the file.
     fn load_gguf(
         bytes: &[u8],
         quant_type: GgufQuantType,
@@ -644,7 +647,12 @@ impl Backend for CpuBackend {
         Ok(if interleaved::supports(ty) {
             CpuBuffer {
                 data: interleaved::repack(bytes, ty, n, k)?,
-                dtype: CpuDtype::Interleaved(ty),
+                dtype: CpuDtype::Repacked(ty),
+            }
+        } else if kquant_lanes::supports(ty) {
+            CpuBuffer {
+                data: kquant_lanes::repack(bytes, ty, n, k)?,
+                dtype: CpuDtype::Repacked(ty),
             }
         } else {
             CpuBuffer {

@@ -2,11 +2,12 @@
 //! (about a quarter to an eighth of f32).
 //!
 //! Types with an integer kernel quantize the activations to 16-bit integers
-//! once per call and stream every weight row against them in groups of
-//! eight activation rows, for any `m`: the same arithmetic for every row
-//! keeps batched results equal to unbatched ones. The 32-value block types
-//! are interleaved at load (`interleaved`); the k-quants keep the file's
-//! layout (`int_dot`). Other types dequantize: rows through a per-thread
+//! (or 8-bit ones where the model allows) once per call and stream every
+//! weight row against them in groups of eight activation rows, for any `m`:
+//! the same arithmetic for every row keeps batched results equal to
+//! unbatched ones. The 32-value block types are interleaved at load
+//! (`interleaved`), the k-quants' sub-blocks put in vector lanes
+//! (`kquant_lanes`). Other types dequantize: rows through a per-thread
 //! f32 buffer for decode-sized batches, tiles handed to the blocked f32 GEMM
 //! for larger ones.
 
@@ -18,7 +19,7 @@ use rayon::prelude::*;
 use super::act_quant::ActRows;
 use super::matmul::{blocked, multi_dot, ROWS_PER_TASK, STREAMING_MAX_M};
 use super::SyncPtr;
-use super::{int_dot, interleaved, CpuDtype};
+use super::{interleaved, kquant_lanes, CpuDtype};
 use crate::quant::dequantize;
 
 /// Up to this many groups of `STREAMING_MAX_M` activation rows stream each
@@ -49,8 +50,8 @@ fn with_scratch<T: Default + 'static, R>(
 }
 
 /// `out[m, n] = a[m, k] · dequant(w)[n, k]ᵀ` with `w` in `ty` blocks, in
-/// the interleaved layout if `interleaved` says so (and names `ty`). With
-/// `int8_activations`, Q4_1 in that layout takes 8-bit activations where
+/// the repacked layout if `layout` says so (and names `ty`). With
+/// `int8_activations`, the k-quants take 8-bit activations, and Q4_1 where
 /// the CPU has AVX2 but not VNNI (whose 16-bit `VPDPWSSD` already does as
 /// many multiplies per instruction as `PMADDUBSW`).
 #[allow(clippy::too_many_arguments)]
@@ -65,8 +66,8 @@ pub(crate) fn gemm_gguf(
     n: usize,
     k: usize,
 ) -> Result<()> {
-    let interleaved = match layout {
-        CpuDtype::Interleaved(t) if t == ty => true,
+    let repacked = match layout {
+        CpuDtype::Repacked(t) if t == ty => true,
         CpuDtype::Blocks(t) if t == ty => false,
         // Blocks packed into words by the caller (the seed's route).
         CpuDtype::F32 => false,
@@ -83,7 +84,7 @@ pub(crate) fn gemm_gguf(
         )));
     }
     let row_bytes = k / bs * bb;
-    let need = match interleaved {
+    let need = match repacked && interleaved::supports(ty) {
         true => interleaved::weight_bytes(ty, n, k),
         false => n * row_bytes,
     };
@@ -97,21 +98,26 @@ pub(crate) fn gemm_gguf(
         return Ok(());
     }
     let (a, out) = (&a[..m * k], &mut out[..m * n]);
-    if interleaved {
+    if repacked && interleaved::supports(ty) {
         let act8 = int8_activations && interleaved::takes_act8(ty);
         with_scratch(&ACT, |act| {
             if act8 {
-                act.quantize8(a, m, k);
+                act.quantize8(a, m, k, false);
             } else {
                 act.quantize(a, m, k, 32);
             }
             interleaved::gemm(act, w, ty, out, m, n);
         });
         Ok(())
-    } else if int_dot::supports(ty) {
+    } else if repacked && kquant_lanes::supports(ty) {
         with_scratch(&ACT, |act| {
-            act.quantize(a, m, k, int_dot::ACT_GROUP);
-            int_dot::order_activations(act, m);
+            if int8_activations {
+                act.quantize8(a, m, k, true);
+                kquant_lanes::order8(act, m);
+            } else {
+                act.quantize(a, m, k, kquant_lanes::ACT_GROUP);
+                kquant_lanes::order16(act, m);
+            }
             integer(act, w, ty, row_bytes, out, m, n);
         });
         Ok(())
@@ -143,7 +149,7 @@ fn integer(
             let wrows = &w[rows.start * row_bytes..rows.end * row_bytes];
             for g0 in block.clone().step_by(STREAMING_MAX_M) {
                 let gm = STREAMING_MAX_M.min(block.end - g0);
-                int_dot::dot_rows(ty, wrows, act, g0, gm, dots);
+                kquant_lanes::dot_rows(ty, wrows, act, g0, gm, dots);
                 for (i, j) in rows.clone().enumerate() {
                     for (c, &d) in dots[i][..gm].iter().enumerate() {
                         // SAFETY: g0 + c < m, j < n; only this task writes

@@ -38,9 +38,14 @@ pub(super) unsafe fn quantize(x: &[f32], group: usize, qs: &mut [i16], d: &mut [
 }
 
 /// One group of [`super::ActRows::quantize8`]: 32 values of `x` to `q`
-/// (reordered); returns `(d, d · Σq)` and the outlier's index, if any.
+/// (reordered unless `natural`); returns `(d, d · Σq)` and the outlier's
+/// index, if any.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn quantize8(x: &[f32], q: &mut [i8]) -> (f32, f32, Option<usize>) {
+pub(super) unsafe fn quantize8(
+    x: &[f32],
+    q: &mut [i8],
+    natural: bool,
+) -> (f32, f32, Option<usize>) {
     let (x, q) = (&x[..32], &mut q[..32]);
     let mut v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(x.as_ptr().add(8 * i)));
     let max = abs_max(&v);
@@ -95,7 +100,12 @@ pub(super) unsafe fn quantize8(x: &[f32], q: &mut [i8]) -> (f32, f32, Option<usi
         0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15, 0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13,
         10, 14, 11, 15,
     );
-    _mm256_storeu_si256(q.as_mut_ptr().cast(), _mm256_shuffle_epi8(b, order));
+    let b = if natural {
+        b
+    } else {
+        _mm256_shuffle_epi8(b, order)
+    };
+    _mm256_storeu_si256(q.as_mut_ptr().cast(), b);
     (d, d * _mm_cvtsi128_si32(sum) as f32, spike)
 }
 
