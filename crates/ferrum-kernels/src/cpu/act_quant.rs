@@ -55,6 +55,11 @@ pub(crate) struct ActRows {
     /// Sums of 16 of the 8-bit values, for the k-quant kernels
     /// (`super::kquant_lanes::order8` fills them).
     pub(crate) sums16: Vec<i16>,
+    /// The distinct outlier positions of all rows, ascending, and each
+    /// outlier's index in it (parallel to `outliers`), for the k-quant
+    /// kernels' outlier pass (`order8` fills them).
+    pub(crate) outlier_union: Vec<u32>,
+    pub(crate) outlier_slot: Vec<u32>,
     pub(crate) k: usize,
     pub(crate) group: usize,
     pub(crate) stride: usize,

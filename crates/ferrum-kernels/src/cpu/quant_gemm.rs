@@ -119,6 +119,9 @@ pub(crate) fn gemm_gguf(
                 kquant_lanes::order16(act, m);
             }
             integer(act, w, ty, row_bytes, out, m, n);
+            if int8_activations {
+                kquant_lanes::add_outliers(act, w, ty, out, m, n);
+            }
         });
         Ok(())
     } else if m <= STREAMING_GROUPS * STREAMING_MAX_M {
