@@ -3,7 +3,9 @@
 
 use rayon::prelude::*;
 
-use crate::quant::act::{act_scale, quantize_act, ACT_MAX};
+use crate::quant::act::quantize_act;
+#[cfg(target_arch = "x86_64")]
+use crate::quant::act::{act_scale, ACT_MAX};
 
 /// Rows at or above this count are quantized in parallel.
 const PAR_ROWS: usize = 16;
@@ -146,7 +148,21 @@ impl ActRows {
                 }
             }
             #[cfg(not(target_arch = "x86_64"))]
-            let _ = (x, q, outliers);
+            for g in 0..groups {
+                debug_assert!(natural, "the reordered 8-bit layout is x86's");
+                let x = &x[32 * g..][..32];
+                let (qg, dg, spike) = quantize8_group(x);
+                q[32 * g..][..32].copy_from_slice(&qg);
+                d[g] = dg;
+                s[g] = dg * qg.iter().map(|&v| i32::from(v)).sum::<i32>() as f32;
+                if let Some(o) = spike {
+                    outliers[*count] = Outlier {
+                        at: (32 * g) as u32 + o.at,
+                        x: o.x,
+                    };
+                    *count += 1;
+                }
+            }
             d[groups..].fill(0.0);
             s[groups..].fill(0.0);
         };
@@ -219,6 +235,35 @@ fn quantize_row(
     s[groups..].fill(0.0);
 }
 
+/// One 32-value group of [`ActRows::quantize8`] in its scalar statement:
+/// values in their natural order, the scale and the outlier (its position
+/// in the group). The x86 kernel computes exactly this (tested), its sum
+/// of squares in the same order; other CPUs run it as it stands.
+#[cfg(any(test, not(target_arch = "x86_64")))]
+fn quantize8_group(x: &[f32]) -> ([i8; 32], f32, Option<Outlier>) {
+    let lanes: [f32; 8] = std::array::from_fn(|l| {
+        (1..4).fold(x[l] * x[l], |s, i| x[l + 8 * i].mul_add(x[l + 8 * i], s))
+    });
+    let half: [f32; 4] = std::array::from_fn(|l| lanes[l] + lanes[l + 4]);
+    let sum_sq = (half[0] + half[2]) + (half[1] + half[3]);
+    let max = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let mut rest = [0f32; 32];
+    rest.copy_from_slice(&x[..32]);
+    let mut outlier = None;
+    if max * max > OUTLIER_SHARE * sum_sq {
+        let i = x.iter().position(|v| v.abs() == max).unwrap_or(0);
+        rest[i] = 0.0;
+        outlier = Some(Outlier {
+            at: i as u32,
+            x: x[i],
+        });
+    }
+    let d = rest.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let q = std::array::from_fn(|i| (rest[i] * inv).round_ties_even() as i8);
+    (q, d, outlier)
+}
+
 #[cfg(target_arch = "x86_64")]
 #[path = "x86/act_quant.rs"]
 mod x86;
@@ -227,7 +272,7 @@ mod x86;
 mod tests {
     use rand::{rngs::StdRng, Rng, SeedableRng};
 
-    use super::{quantize_act, ActRows, Outlier, OUTLIER_SHARE};
+    use super::{quantize8_group, quantize_act, ActRows, Outlier};
 
     /// The vector quantizer writes exactly the scalar reference's values.
     #[test]
@@ -249,31 +294,6 @@ mod tests {
                 assert_eq!(d, act.d[r * act.stride..r * act.stride + k / group]);
             }
         }
-    }
-
-    /// The scalar statement of one [`ActRows::quantize8`] block: values in
-    /// their natural order, the scale, the outlier.
-    fn quantize8_block(x: &[f32]) -> ([i8; 32], f32, Option<Outlier>) {
-        let lanes: [f32; 8] = std::array::from_fn(|l| {
-            (1..4).fold(x[l] * x[l], |s, i| x[l + 8 * i].mul_add(x[l + 8 * i], s))
-        });
-        let half: [f32; 4] = std::array::from_fn(|l| lanes[l] + lanes[l + 4]);
-        let sum_sq = (half[0] + half[2]) + (half[1] + half[3]);
-        let max = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let mut rest = x.to_vec();
-        let mut outlier = None;
-        if max * max > OUTLIER_SHARE * sum_sq {
-            let i = x.iter().position(|v| v.abs() == max).unwrap_or(0);
-            rest[i] = 0.0;
-            outlier = Some(Outlier {
-                at: i as u32,
-                x: x[i],
-            });
-        }
-        let d = rest.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
-        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-        let q = std::array::from_fn(|i| (rest[i] * inv).round_ties_even() as i8);
-        (q, d, outlier)
     }
 
     /// The vector 8-bit quantizer gives the scalar statement's values (in
@@ -301,7 +321,7 @@ mod tests {
         for r in 0..m {
             let mut want_outliers = Vec::new();
             for g in 0..k / 32 {
-                let (q, d, outlier) = quantize8_block(&a[r * k + 32 * g..][..32]);
+                let (q, d, outlier) = quantize8_group(&a[r * k + 32 * g..][..32]);
                 let got = &act.q8[r * k + 32 * g..][..32];
                 for (i, &v) in got.iter().enumerate() {
                     assert_eq!(v, q[8 * (i / 8) + order[i % 8]], "row {r} block {g} at {i}");

@@ -33,3 +33,45 @@ pub(crate) fn has_vnni() -> bool {
         false
     }
 }
+
+/// Advanced SIMD (NEON): part of every AArch64 CPU, the base of the Arm
+/// kernels.
+#[inline]
+pub(crate) fn has_neon() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        std::arch::is_aarch64_feature_detected!("neon")
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        false
+    }
+}
+
+/// `SDOT` (Armv8.2 dotprod: four byte products per i32 lane), which the
+/// 8-bit Arm kernels use where the CPU has it.
+#[inline]
+pub(crate) fn has_dotprod() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        has_neon() && std::arch::is_aarch64_feature_detected!("dotprod")
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        false
+    }
+}
+
+/// `SMMLA` (Armv8.6 i8mm: a 2 x 8 by 8 x 2 byte matrix product per
+/// instruction), reported by `ferrum system-info`.
+#[inline]
+pub(crate) fn has_i8mm() -> bool {
+    #[cfg(target_arch = "aarch64")]
+    {
+        has_neon() && std::arch::is_aarch64_feature_detected!("i8mm")
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        false
+    }
+}

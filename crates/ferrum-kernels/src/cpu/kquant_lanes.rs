@@ -43,13 +43,13 @@ use half::f16;
 use rayon::prelude::*;
 
 use super::act_quant::ActRows;
-use super::features::has_avx2;
+use super::features::{has_avx2, has_neon};
 use crate::quant::scale_min_k4;
 
 /// Whether weights of type `ty` are repacked here (and computed by this
 /// module's kernels) on this CPU.
 pub(crate) fn supports(ty: GgmlType) -> bool {
-    has_avx2() && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+    (has_avx2() || has_neon()) && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
 }
 
 /// Values per activation scale of the 16-bit kernels: a super-block.
@@ -364,11 +364,25 @@ pub(crate) fn dot_rows(
             x86::dot_rows_avx2(ty, rows.as_ptr(), row_bytes, act, r0, m, dots)
         }
     }
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: `supports` checked NEON (and `has_dotprod` the dotprod
+    // entry's feature); the extents asserted above are what they read.
+    unsafe {
+        if super::features::has_dotprod() {
+            arm::dot_rows_dotprod(ty, rows.as_ptr(), row_bytes, act, r0, m, dots)
+        } else {
+            arm::dot_rows_neon(ty, rows.as_ptr(), row_bytes, act, r0, m, dots)
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[path = "x86/kquant_lanes.rs"]
 mod x86;
+
+#[cfg(target_arch = "aarch64")]
+#[path = "arm/kquant_lanes.rs"]
+mod arm;
 
 #[cfg(test)]
 mod tests {
@@ -401,19 +415,33 @@ mod tests {
         }
     }
 
-    /// The VNNI and the AVX2 kernels give the same bits for every type, row
-    /// count and activation width (their integer sums cannot differ).
-    #[cfg(target_arch = "x86_64")]
+    /// The CPU's two kernel entries (x86: AVX2 and AVX-512 VNNI; Arm:
+    /// plain NEON and dotprod) give the same bits for every type, row count
+    /// and activation width: their integer sums cannot differ, and the
+    /// float steps are shared.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     #[test]
-    fn vnni_and_avx2_kernels_agree_bitwise() {
+    fn both_kernel_entries_agree_bitwise() {
         use rand::{rngs::StdRng, Rng, SeedableRng};
 
         use super::super::act_quant::ActRows;
-        use super::super::features::has_vnni;
-        use super::{order16, order8, repack, x86, ACT_GROUP};
+        use super::{order16, order8, repack, ACT_GROUP};
 
-        if !has_vnni() {
-            eprintln!("skipped: this CPU lacks AVX-512 VNNI");
+        type Entry = unsafe fn(GgmlType, *const u8, usize, &ActRows, usize, usize, &mut [[f32; 8]]);
+        #[cfg(target_arch = "x86_64")]
+        let (plain, wide, ok): (Entry, Entry, bool) = (
+            super::x86::dot_rows_avx2,
+            super::x86::dot_rows_vnni,
+            super::super::features::has_vnni(),
+        );
+        #[cfg(target_arch = "aarch64")]
+        let (plain, wide, ok): (Entry, Entry, bool) = (
+            super::arm::dot_rows_neon,
+            super::arm::dot_rows_dotprod,
+            super::super::features::has_dotprod(),
+        );
+        if !ok {
+            eprintln!("skipped: this CPU lacks AVX-512 VNNI / dotprod");
             return;
         }
         let mut rng = StdRng::seed_from_u64(4);
@@ -440,10 +468,11 @@ mod tests {
                 let rb = row.len() / 2;
                 for m in 1..=8 {
                     let (mut x, mut y) = ([[0f32; 8]; 2], [[0f32; 8]; 2]);
-                    // SAFETY: both entries' features were detected above.
+                    // SAFETY: both entries' features were detected above;
+                    // two rows of `k` and `m` activation rows.
                     unsafe {
-                        x86::dot_rows_avx2(ty, row.as_ptr(), rb, &act, 0, m, &mut x);
-                        x86::dot_rows_vnni(ty, row.as_ptr(), rb, &act, 0, m, &mut y);
+                        plain(ty, row.as_ptr(), rb, &act, 0, m, &mut x);
+                        wide(ty, row.as_ptr(), rb, &act, 0, m, &mut y);
                     }
                     assert_eq!(x, y, "{ty} m{m} 8-bit {a8}");
                 }

@@ -4,7 +4,7 @@
 /// Runs `$e` with the const `$M` equal to the activation row count `$m`
 /// (1..=8), so each count gets its own compiled kernel whose loops unroll
 /// and whose accumulators stay in registers.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 macro_rules! by_m {
     ($m:expr, $M:ident => $e:expr) => {{
         match $m {
@@ -83,12 +83,23 @@ unsafe impl Send for SyncPtr {}
 unsafe impl Sync for SyncPtr {}
 
 /// The vector instruction set the CPU kernels use on this machine
-/// (`"avx2+fma+vnni"`, `"avx2+fma"` or `"scalar"`), for logs and
+/// (`"avx2+fma+vnni"`, `"avx2+fma"`, `"neon+dotprod+i8mm"`,
+/// `"neon+dotprod"`, `"neon"` or `"scalar"`), for logs and
 /// `ferrum system-info`.
 pub fn simd_level() -> &'static str {
-    match (features::has_avx2(), features::has_vnni()) {
-        (true, true) => "avx2+fma+vnni",
-        (true, false) => "avx2+fma",
+    use features::*;
+    match (
+        has_avx2(),
+        has_vnni(),
+        has_neon(),
+        has_dotprod(),
+        has_i8mm(),
+    ) {
+        (true, true, ..) => "avx2+fma+vnni",
+        (true, false, ..) => "avx2+fma",
+        (_, _, true, true, true) => "neon+dotprod+i8mm",
+        (_, _, true, true, false) => "neon+dotprod",
+        (_, _, true, false, _) => "neon",
         _ => "scalar",
     }
 }
