@@ -213,12 +213,11 @@ thread_local! {
 /// Adds each activation row's 8-bit outliers ([`ActRows::row_outliers`],
 /// exact values left out of the integer dot products) times their weights
 /// to `out` (`[m, n]`, the kernels' results), in value order, for the
-/// repacked weights `w`. The same channels spike in most tokens, so the
-/// weights are dequantized once per distinct outlier position
-/// (`outlier_union`, from [`order8`]) rather than once per outlier: for a
-/// 512-token prompt through Qwen2.5-1.5B's down projection, ~1,250
-/// positions for ~5,400 outliers. Each output's sum is the same whatever the
-/// other rows.
+/// repacked weights `w`: a pass of its own after a prompt-sized GEMM. The
+/// same channels spike in most tokens, so the weights are dequantized once
+/// per distinct outlier position (`outlier_union`, from [`order8`]) rather
+/// than once per outlier: for a 512-token prompt through Qwen2.5-1.5B's down
+/// projection, ~1,250 positions for ~5,400 outliers.
 pub(crate) fn add_outliers(
     act: &ActRows,
     w: &[u8],
@@ -227,46 +226,69 @@ pub(crate) fn add_outliers(
     m: usize,
     n: usize,
 ) {
+    let ptr = super::SyncPtr(out.as_mut_ptr());
+    assert!(out.len() >= m * n);
+    (0..n.div_ceil(OUTLIER_ROWS)).into_par_iter().for_each(|t| {
+        let rows = t * OUTLIER_ROWS..((t + 1) * OUTLIER_ROWS).min(n);
+        // SAFETY: `out` holds `[m, n]`; each task has its own columns.
+        unsafe { add_row_outliers(act, w, ty, rows, ptr, m, n) }
+    });
+}
+
+/// [`add_outliers`] for the weight rows `rows` only: what a decode-sized
+/// GEMM runs at the end of each task, while those rows are still in cache
+/// (a pass of its own re-read them from memory, 10% of a Qwen2.5-1.5B
+/// decode step). Each output's sum is the same either way, and whatever
+/// the other rows.
+///
+/// # Safety
+/// `out` must point to `[m, n]` floats whose columns `rows` no other
+/// thread touches meanwhile.
+pub(crate) unsafe fn add_row_outliers(
+    act: &ActRows,
+    w: &[u8],
+    ty: GgmlType,
+    rows: std::ops::Range<usize>,
+    out: super::SyncPtr,
+    m: usize,
+    n: usize,
+) {
     let union = &act.outlier_union;
-    if union.is_empty() {
+    if union.is_empty() || rows.is_empty() {
         return;
     }
     let bb = ty.block_bytes();
     let row_bytes = act.k / 256 * bb;
-    assert!(w.len() >= n * row_bytes && out.len() >= m * n);
+    assert!(rows.end <= n && w.len() >= n * row_bytes && act.outlier_count.len() >= m);
     assert!(union.iter().all(|&at| (at as usize) < act.k));
     let groups = act.k / 32;
-    let ptr = super::SyncPtr(out.as_mut_ptr());
-    (0..n.div_ceil(OUTLIER_ROWS)).into_par_iter().for_each(|t| {
-        let rows = t * OUTLIER_ROWS..((t + 1) * OUTLIER_ROWS).min(n);
-        COLUMNS.with(|cols| {
-            let mut cols = cols.borrow_mut();
-            cols.resize(OUTLIER_ROWS * union.len(), 0.0);
+    COLUMNS.with(|cols| {
+        let mut cols = cols.borrow_mut();
+        cols.resize(rows.len() * union.len(), 0.0);
+        for (i, j) in rows.clone().enumerate() {
+            let row = &w[j * row_bytes..][..row_bytes];
+            for (x, &at) in cols[i * union.len()..][..union.len()].iter_mut().zip(union) {
+                let at = at as usize;
+                *x = value(ty, &row[at / 256 * bb..][..bb], at % 256);
+            }
+        }
+        for c in 0..m {
+            let count = act.outlier_count[c];
+            if count == 0 {
+                continue;
+            }
+            let outliers = &act.outliers[c * groups..][..count];
+            let slots = &act.outlier_slot[c * groups..][..count];
             for (i, j) in rows.clone().enumerate() {
-                let row = &w[j * row_bytes..][..row_bytes];
-                for (x, &at) in cols[i * union.len()..][..union.len()].iter_mut().zip(union) {
-                    let at = at as usize;
-                    *x = value(ty, &row[at / 256 * bb..][..bb], at % 256);
+                let col = &cols[i * union.len()..][..union.len()];
+                // SAFETY: c < m and j < n (asserted above); the caller
+                // leaves column j to this call.
+                let dot = unsafe { &mut *out.get().add(c * n + j) };
+                for (o, &slot) in outliers.iter().zip(slots) {
+                    *dot += o.x * col[slot as usize];
                 }
             }
-            for c in 0..m {
-                let count = act.outlier_count[c];
-                let outliers = &act.outliers[c * groups..][..count];
-                let slots = &act.outlier_slot[c * groups..][..count];
-                if count == 0 {
-                    continue;
-                }
-                for (i, j) in rows.clone().enumerate() {
-                    let col = &cols[i * union.len()..][..union.len()];
-                    // SAFETY: c < m and j < n (asserted above); only this
-                    // task writes column j.
-                    let dot = unsafe { &mut *ptr.get().add(c * n + j) };
-                    for (o, &slot) in outliers.iter().zip(slots) {
-                        *dot += o.x * col[slot as usize];
-                    }
-                }
-            }
-        });
+        }
     });
 }
 

@@ -119,9 +119,6 @@ pub(crate) fn gemm_gguf(
                 kquant_lanes::order16(act, m);
             }
             integer(act, w, ty, row_bytes, out, m, n);
-            if int8_activations {
-                kquant_lanes::add_outliers(act, w, ty, out, m, n);
-            }
         });
         Ok(())
     } else if m <= STREAMING_GROUPS * STREAMING_MAX_M {
@@ -132,7 +129,8 @@ pub(crate) fn gemm_gguf(
 }
 
 /// A task's weight rows (a few KB: they stay in L1/L2) against every group
-/// of eight activation rows in turn, one kernel call per group.
+/// of eight activation rows in turn, one kernel call per group; then, for
+/// 8-bit activations, their exact outliers.
 fn integer(
     act: &ActRows,
     w: &[u8],
@@ -161,7 +159,15 @@ fn integer(
                     }
                 }
             }
+            if act.a8 && m <= STREAMING_MAX_M {
+                // SAFETY: `out` is `[m, n]`; only this task writes columns
+                // `rows`.
+                unsafe { kquant_lanes::add_row_outliers(act, w, ty, rows, ptr, m, n) };
+            }
         });
+    }
+    if act.a8 && m > STREAMING_MAX_M {
+        kquant_lanes::add_outliers(act, w, ty, out, m, n);
     }
 }
 
