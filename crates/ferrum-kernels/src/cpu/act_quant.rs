@@ -110,8 +110,10 @@ impl ActRows {
     /// (2, 6, 3, 7), so that four activation bytes broadcast as one word
     /// line up with them for `PMADDUBSW`; with `natural`, in value order.
     ///
-    /// Only for CPUs with AVX2 (the caller checks
-    /// [`super::interleaved::takes_act8`] or [`super::kquant_lanes::supports`]).
+    /// The reordered layout is for x86's AVX2 kernels only (the caller
+    /// checks [`super::interleaved::takes_act8`]); the natural one serves
+    /// [`super::kquant_lanes`] on every CPU it supports, through
+    /// `quantize8_group` where there is no x86 kernel.
     pub(crate) fn quantize8(&mut self, a: &[f32], m: usize, k: usize, natural: bool) {
         debug_assert!(k.is_multiple_of(32) && a.len() >= m * k);
         let groups = k / 32;
