@@ -10,6 +10,8 @@ use ferrum_types::{FerrumError, Result};
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::hf_quant::HfQuant;
+
 /// RoPE settings of one attention type.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RopeParams {
@@ -83,6 +85,8 @@ pub struct HfConfig {
     pub type_vocab_size: Option<usize>,
     pub bos_token_id: Option<Value>,
     pub eos_token_id: Option<Value>,
+    /// GPTQ / AWQ / FP8 / compressed-tensors checkpoints: see [`Self::quant`].
+    pub quantization_config: Option<Value>,
 }
 
 fn rope_from(v: &Value, fallback_theta: f64) -> RopeParams {
@@ -158,6 +162,7 @@ impl HfConfig {
                 cfg.num_attention_heads
             ));
         }
+        cfg.quant()?;
         if let Some(lt) = &cfg.layer_types {
             if lt.len() != cfg.num_hidden_layers {
                 return Err(format!(
@@ -168,6 +173,14 @@ impl HfConfig {
             }
         }
         Ok(cfg)
+    }
+
+    /// The weights' quantization scheme, `None` for a plain checkpoint.
+    pub fn quant(&self) -> std::result::Result<Option<HfQuant>, String> {
+        match &self.quantization_config {
+            None | Some(Value::Null) => Ok(None),
+            Some(q) => HfQuant::from_section(q).map(Some),
+        }
     }
 
     pub fn head_dim(&self) -> usize {

@@ -7,6 +7,7 @@
 
 pub mod gguf;
 pub mod hf_config;
+pub mod hf_quant;
 pub mod safetensors;
 
 /// Ferrum's model cache: `$FERRUM_MODELS`, else `~/.cache/ferrum/models`

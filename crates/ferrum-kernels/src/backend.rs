@@ -110,11 +110,28 @@ impl GgufQuantType {
 /// GGUF blocks travel in an ordinary buffer as raw bits, in the layout
 /// [`Backend::load_gguf`] chose: the file's, unless the backend re-lays
 /// them out for its kernels.
+///
+/// `g_idx` with a GGUF kind is an *input order* (u32 values stored bit for
+/// bit in the buffer's words, as [`input_order`] makes them): weight column
+/// `j` multiplies input column `g_idx[j]`. An act-order GPTQ checkpoint,
+/// whose groups are scattered over the input columns, is loaded with its
+/// columns sorted by group so that every 32-column block has one scale;
+/// the backend then reorders the activation once per GEMM (not per group),
+/// and the same block kernels run it. (The interface this was specified
+/// from passes GPTQ's own `g_idx` here, for kernels that read GPTQ's
+/// packing; converting at load instead gives every backend those weights
+/// on kernels it already has.)
 pub struct QuantWeights<'a, B: Backend> {
     pub qweight: &'a B::Buffer,
     pub scales: Option<&'a B::Buffer>,
     pub zeros: Option<&'a B::Buffer>,
     pub g_idx: Option<&'a B::Buffer>,
+}
+
+/// An input order (see [`QuantWeights`]) as f32 words bit for bit, for
+/// `Backend::from_slice`.
+pub fn input_order(order: &[u32]) -> Vec<f32> {
+    order.iter().map(|&i| f32::from_bits(i)).collect()
 }
 
 /// Packs raw bytes (a GGUF tensor's blocks) into f32 words bit for bit, for

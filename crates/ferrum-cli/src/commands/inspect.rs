@@ -1,10 +1,12 @@
-//! `ferrum inspect`: what a model file is, without loading its weights.
+//! `ferrum inspect`: what a model file is, without loading it into a
+//! backend (quantized checkpoints are unpacked to say what they run as).
 
 use anyhow::Result;
 use clap::Args;
 use ferrum_formats::gguf::GgufFile;
 use ferrum_formats::hf_config::HfConfig;
 use ferrum_formats::safetensors::SafeTensors;
+use ferrum_models::llama::checkpoint_layouts;
 use std::collections::BTreeMap;
 
 use crate::model_files::{resolve, ModelFiles};
@@ -62,6 +64,13 @@ pub fn run(args: InspectArgs) -> Result<()> {
                 Some(n) => println!("context length: {n}"),
                 None => println!("context length: unknown"),
             }
+            let scheme = cfg
+                .quant()
+                .map_err(|e| anyhow::anyhow!("{}: {e}", d.join("config.json").display()))?;
+            if let Some(scheme) = scheme {
+                println!("quantization:   {}", scheme.describe());
+                print_quant_layouts(&checkpoint_layouts(&st, &scheme)?);
+            }
         }
     }
     match tok {
@@ -78,6 +87,31 @@ pub fn run(args: InspectArgs) -> Result<()> {
         Err(e) => println!("tokenizer:      unavailable ({e})"),
     }
     Ok(())
+}
+
+/// Each quantized weight and what it runs as, layers folded: `layers.*`
+/// with a count where every layer agrees.
+fn print_quant_layouts(layouts: &[(String, String)]) {
+    let mut folded: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for (name, layout) in layouts {
+        let key = match name.split_once(".layers.") {
+            Some((head, rest)) => match rest.split_once('.') {
+                Some((_, tail)) => format!("{head}.layers.*.{tail}"),
+                None => name.clone(),
+            },
+            None => name.clone(),
+        };
+        *folded.entry((key, layout.clone())).or_default() += 1;
+    }
+    println!("runs as:");
+    for ((name, layout), count) in folded {
+        let times = if count > 1 {
+            format!(" (x{count})")
+        } else {
+            String::new()
+        };
+        println!("  {name}: {layout}{times}");
+    }
 }
 
 fn print_types(types: &BTreeMap<String, usize>) {

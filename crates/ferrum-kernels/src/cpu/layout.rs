@@ -93,3 +93,62 @@ pub(crate) fn embedding_lookup(table: &[f32], ids: &[u32], out: &mut [f32], dim:
         out[i * dim..(i + 1) * dim].copy_from_slice(&table[id * dim..(id + 1) * dim]);
     }
 }
+
+thread_local! {
+    /// The reordered activation of [`with_reordered`], kept per thread so a
+    /// decode step allocates nothing.
+    static REORDERED: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Calls `f` with `a[m, k]`'s columns in `order` (u32 bits in f32 words:
+/// column `j` of the result is column `order[j]` of `a`). An order with an
+/// index past `k` is an error, not a panic: orders come from checkpoints.
+pub(crate) fn with_reordered<R>(
+    a: &[f32],
+    order: &[f32],
+    m: usize,
+    k: usize,
+    f: impl FnOnce(&[f32]) -> ferrum_types::Result<R>,
+) -> ferrum_types::Result<R> {
+    if order.len() < k || a.len() < m * k {
+        return Err(ferrum_types::FerrumError::invalid(format!(
+            "input order of {} entries or activation of {} values too short for m = {m}, k = {k}",
+            order.len(),
+            a.len()
+        )));
+    }
+    let order = &order[..k];
+    if order.iter().any(|o| o.to_bits() as usize >= k) {
+        return Err(ferrum_types::FerrumError::invalid(format!(
+            "input order refers to a column past k = {k}"
+        )));
+    }
+    // Taken out for the call rather than borrowed: a rayon thread waiting
+    // inside `f` may steal another GEMM's task that reorders too.
+    let mut buf = REORDERED.take();
+    buf.resize(m * k, 0.0);
+    for (dst, src) in buf.chunks_exact_mut(k).zip(a.chunks_exact(k)) {
+        for (d, o) in dst.iter_mut().zip(order) {
+            *d = src[o.to_bits() as usize];
+        }
+    }
+    let r = f(&buf);
+    REORDERED.set(buf);
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_reordered;
+
+    #[test]
+    fn reordering_gathers_columns_and_refuses_bad_orders() {
+        let a: Vec<f32> = (0..8).map(|x| x as f32).collect(); // [2, 4]
+        let order = crate::input_order(&[2, 0, 3, 1]);
+        let got = with_reordered(&a, &order, 2, 4, |x| Ok(x.to_vec())).unwrap();
+        assert_eq!(got, [2.0, 0.0, 3.0, 1.0, 6.0, 4.0, 7.0, 5.0]);
+        let bad = crate::input_order(&[0, 1, 2, 4]);
+        assert!(with_reordered(&a, &bad, 2, 4, |_| Ok(())).is_err());
+        assert!(with_reordered(&a, &order[..3], 2, 4, |_| Ok(())).is_err());
+    }
+}

@@ -298,17 +298,25 @@ impl Backend for CpuBackend {
             QuantKind::Gguf {
                 quant_type,
                 int8_activations,
-            } => quant_gemm::gemm_gguf(
-                a,
-                packed_bytes(weights.qweight),
-                quant_type.ggml(),
-                weights.qweight.dtype,
-                *int8_activations,
-                out,
-                m,
-                n,
-                k,
-            ),
+            } => {
+                let run = |a: &[f32], out: &mut [f32]| {
+                    quant_gemm::gemm_gguf(
+                        a,
+                        packed_bytes(weights.qweight),
+                        quant_type.ggml(),
+                        weights.qweight.dtype,
+                        *int8_activations,
+                        out,
+                        m,
+                        n,
+                        k,
+                    )
+                };
+                match weights.g_idx {
+                    None => run(a, out),
+                    Some(order) => layout::with_reordered(a, order, m, k, |a| run(a, out)),
+                }
+            }
             other => Err(FerrumError::unsupported(format!(
                 "gemm_quant({other:?}) on the CPU: load GPTQ weights with load_gptq"
             ))),

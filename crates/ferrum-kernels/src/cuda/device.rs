@@ -26,6 +26,8 @@ pub(crate) struct Device {
     pub scratch: Mutex<Option<CudaSlice<f32>>>,
     /// Split-K attention partials.
     pub attn_scratch: Mutex<Option<CudaSlice<f32>>>,
+    /// The activation of an act-order weight in its input order.
+    pub reorder_scratch: Mutex<Option<CudaSlice<f32>>>,
     pub name: String,
     pub arch: (i32, i32),
 }
@@ -149,6 +151,7 @@ fn open(ordinal: usize) -> Result<Device> {
         funcs,
         scratch: Mutex::new(None),
         attn_scratch: Mutex::new(None),
+        reorder_scratch: Mutex::new(None),
         name,
         arch,
     })

@@ -127,6 +127,14 @@ extern "C" __global__ void embedding(const float* table, const u32* ids, float* 
     }
 }
 
+// out[r, j] = x[r, order[j]]: an act-order weight's input order.
+extern "C" __global__ void gather_columns(const float* x, const u32* order, float* out, int m, int k) {
+    GRID_LOOP(e, (size_t)m * k) {
+        size_t r = e / k, j = e % k;
+        out[e] = x[r * k + order[j]];
+    }
+}
+
 // [heads, tokens, dim] -> [tokens, heads, dim]
 extern "C" __global__ void head_to_token(const float* src, float* dst, int tokens, int heads, int dim) {
     GRID_LOOP(e, (size_t)tokens * heads * dim) {

@@ -676,6 +676,30 @@ impl Backend for CudaBackend {
         };
         let t = quant_name(*quant_type);
         let w = weights.qweight;
+        // An act-order weight's input order (see `QuantWeights`): the
+        // activation is gathered once, then the block kernels run as usual.
+        let mut reordered = weights
+            .g_idx
+            .map(|_| scratch(&device::get().reorder_scratch, m * k));
+        let a = match (weights.g_idx, reordered.as_mut()) {
+            (Some(order), Some(guard)) => {
+                let Some(buf) = guard.as_mut() else {
+                    return Err(FerrumError::Device("scratch allocation failed".into()));
+                };
+                launch!(
+                    ctx,
+                    "gather_columns",
+                    linear(m * k),
+                    a,
+                    order,
+                    &mut *buf,
+                    &i(m),
+                    &i(k)
+                );
+                &*buf
+            }
+            _ => a,
+        };
         if m <= 8 {
             // One warp per output column reads the blocks once for all m rows.
             let lc = LaunchConfig {

@@ -10,6 +10,9 @@ mod kquants;
 
 pub(crate) use kquants::scale_min_k4;
 mod legacy;
+mod pack;
+
+pub use pack::{pack_signed, quantize_q8_0, signed_range};
 
 use ferrum_types::{FerrumError, GgmlType, Result};
 use half::{bf16, f16};

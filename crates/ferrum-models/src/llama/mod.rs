@@ -12,6 +12,7 @@ mod kv;
 mod mla;
 mod moe;
 mod presets;
+mod quantized;
 mod weights;
 
 use std::path::Path;
@@ -29,6 +30,7 @@ use kv::KvStore;
 use mla::{MlaRope, MlaScratch};
 use moe::MoeScratch;
 pub use presets::{preset, PRESETS};
+pub use quantized::checkpoint_layouts;
 use weights::{Embedding, Mlp, Source, Weights};
 
 use crate::llm::{kv_capacity_from_env, KvPoolConfig, LlmRuntimeConfig, LoadProgress};
@@ -238,8 +240,11 @@ impl<B: Backend> LlamaModel<B> {
     ) -> Result<Self> {
         let hf = HfConfig::load(dir.join("config.json"))?;
         let cfg = LlamaConfig::from_hf(&hf)?;
+        let quant = hf
+            .quant()
+            .map_err(|e| FerrumError::bad_file(dir.join("config.json"), e))?;
         let st = SafeTensors::open_dir(dir)?;
-        let w = Weights::load(&Source::Hf(&st), &cfg, progress)
+        let w = Weights::load(&Source::Hf(&st, quant.as_ref()), &cfg, progress)
             .map_err(|e| FerrumError::bad_file(dir, e.to_string()))?;
         Ok(Self::new(cfg, w, pool))
     }

@@ -10,21 +10,24 @@ use std::ops::{Deref, Range};
 use std::sync::Arc;
 
 use ferrum_formats::gguf::{GgufFile, TensorInfo};
+use ferrum_formats::hf_quant::{self, HfLinear, HfQuant};
 use ferrum_formats::safetensors::SafeTensors;
-use ferrum_kernels::quant::{dequantize, random_blocks};
-use ferrum_kernels::{Backend, GgufQuantType, QuantKind, QuantWeights};
+use ferrum_kernels::quant::{dequantize, quantize_q8_0, random_blocks};
+use ferrum_kernels::{input_order, Backend, GgufQuantType, QuantKind, QuantWeights};
 use ferrum_types::{FerrumError, Result};
 
 use super::arch::Arch;
 use super::config::{LlamaConfig, MlaConfig, MoeConfig};
 use super::mla::MlaWeights;
 use super::moe::{Expert, MoeWeights};
+use super::quantized::{convert, Converted};
 use crate::LoadProgress;
 
 /// Where weights come from.
 pub enum Source<'a> {
     Gguf(&'a GgufFile),
-    Hf(&'a SafeTensors),
+    /// A safetensors checkpoint and its quantization scheme, if any.
+    Hf(&'a SafeTensors, Option<&'a HfQuant>),
 }
 
 /// A tensor role, independent of file format.
@@ -76,7 +79,7 @@ fn layer_name(src: &Source, arch: Arch, role: Role, i: usize) -> String {
             };
             format!("blk.{i}.{s}")
         }
-        Source::Hf(_) => {
+        Source::Hf(..) => {
             let gemma = arch.traits().gemma;
             let s = match role {
                 AttnNorm => "input_layernorm.weight",
@@ -144,7 +147,16 @@ impl Deref for Bytes {
 /// A weight matrix `[rows, k]` on the host, as loaded.
 enum Raw {
     F32(Vec<f32>),
-    Blocks { bytes: Bytes, ty: GgufQuantType },
+    Blocks {
+        bytes: Bytes,
+        ty: GgufQuantType,
+    },
+    /// An act-order checkpoint's weight with its columns sorted by group:
+    /// column `j` of `inner` multiplies input column `order[j]`.
+    Reordered {
+        order: Arc<[u32]>,
+        inner: Box<Raw>,
+    },
 }
 
 impl Raw {
@@ -154,6 +166,16 @@ impl Raw {
             Raw::Blocks { bytes, ty } => {
                 let mut out = vec![0f32; rows * k];
                 dequantize(ty.ggml(), bytes, &mut out)?;
+                Ok(out)
+            }
+            Raw::Reordered { order, inner } => {
+                let sorted = inner.to_f32(rows, k)?;
+                let mut out = vec![0f32; rows * k];
+                for (dst, src) in out.chunks_exact_mut(k).zip(sorted.chunks_exact(k)) {
+                    for (&o, &v) in order.iter().zip(src) {
+                        dst[o as usize] = v;
+                    }
+                }
                 Ok(out)
             }
         }
@@ -181,6 +203,14 @@ impl Raw {
                     at += n;
                 }
             }
+            Raw::Reordered { order, inner } => {
+                out.extend(inner.split_rows(total, parts).into_iter().map(|inner| {
+                    Raw::Reordered {
+                        order: order.clone(),
+                        inner: Box::new(inner),
+                    }
+                }));
+            }
         }
         out
     }
@@ -192,6 +222,10 @@ impl Raw {
             Raw::Blocks { bytes, ty } => Raw::Blocks {
                 bytes: gather_rows(bytes, rows, &src_of).into(),
                 ty: *ty,
+            },
+            Raw::Reordered { order, inner } => Raw::Reordered {
+                order: order.clone(),
+                inner: Box::new(inner.permute_rows(rows, src_of)),
             },
         }
     }
@@ -236,7 +270,12 @@ fn read(src: &Source, name: &str, numel: usize) -> Result<Option<Raw>> {
             dequantize(t.ty, data, &mut out).map_err(|e| g.error(format!("tensor {name}: {e}")))?;
             Ok(Some(Raw::F32(out)))
         }
-        Source::Hf(st) => {
+        Source::Hf(st, quant) => {
+            if let Some(scheme) = quant {
+                if let Some(w) = hf_quant::load_linear(st, scheme, name, numel)? {
+                    return from_hf_quant(w).map(Some);
+                }
+            }
             if !st.contains(name) {
                 return Ok(None);
             }
@@ -246,6 +285,36 @@ fn read(src: &Source, name: &str, numel: usize) -> Result<Option<Raw>> {
             }
             Ok(Some(Raw::F32(v)))
         }
+    }
+}
+
+/// A quantized checkpoint's weight in the formats the backends run:
+/// integer ones exactly as blocks (`quantized.rs`), FP8 rounded to Q8_0
+/// (8 bits per value, as FP8, with a scale per 32 instead of per tensor,
+/// row or 128x128 block; `ferrum inspect` says so).
+fn from_hf_quant(w: HfLinear) -> Result<Raw> {
+    match w {
+        HfLinear::Ints(g) => Ok(match convert(&g)? {
+            Converted::F32(v) => Raw::F32(v),
+            Converted::Blocks { bytes, ty, order } => {
+                let blocks = Raw::Blocks {
+                    bytes: bytes.into(),
+                    ty,
+                };
+                match order {
+                    Some(order) => Raw::Reordered {
+                        order: order.into(),
+                        inner: Box::new(blocks),
+                    },
+                    None => blocks,
+                }
+            }
+        }),
+        HfLinear::Floats(v) if v.len().is_multiple_of(32) => Ok(Raw::Blocks {
+            bytes: quantize_q8_0(&v)?.into(),
+            ty: GgufQuantType::Q8_0,
+        }),
+        HfLinear::Floats(v) => Ok(Raw::F32(v)),
     }
 }
 
@@ -261,7 +330,13 @@ fn vector(src: &Source, name: &str, n: usize) -> Result<Vec<f32>> {
 /// A projection weight `[n, k]` in backend memory.
 pub enum Linear<B: Backend> {
     Dense(B::Buffer),
-    Quant(B::Buffer, QuantKind),
+    /// Blocks in the backend's layout; `order`: an act-order weight's input
+    /// order (see `QuantWeights`).
+    Quant {
+        w: B::Buffer,
+        kind: QuantKind,
+        order: Option<B::Buffer>,
+    },
 }
 
 impl<B: Backend> Linear<B> {
@@ -270,24 +345,37 @@ impl<B: Backend> Linear<B> {
     fn upload(raw: Raw, n: usize, k: usize) -> Result<Self> {
         Ok(match raw {
             Raw::F32(v) => Linear::Dense(B::from_slice(&v)),
-            Raw::Blocks { bytes, ty } => Linear::Quant(
-                B::load_gguf(&bytes, ty, n, k)?,
-                QuantKind::Gguf {
+            Raw::Blocks { bytes, ty } => Linear::Quant {
+                w: B::load_gguf(&bytes, ty, n, k)?,
+                kind: QuantKind::Gguf {
                     quant_type: ty,
                     int8_activations: false,
                 },
-            ),
+                order: None,
+            },
+            Raw::Reordered { order, inner } => match Self::upload(*inner, n, k)? {
+                Linear::Quant { w, kind, .. } => Linear::Quant {
+                    w,
+                    kind,
+                    order: Some(B::from_slice(&input_order(&order))),
+                },
+                Linear::Dense(_) => {
+                    return Err(FerrumError::invalid(
+                        "an input order is only kept with block weights",
+                    ))
+                }
+            },
         })
     }
 
     /// Sets `QuantKind::Gguf::int8_activations` (a dense weight has none).
     fn set_int8_input(&mut self, on: bool) {
-        if let Linear::Quant(
-            _,
-            QuantKind::Gguf {
+        if let Linear::Quant {
+            kind: QuantKind::Gguf {
                 int8_activations, ..
             },
-        ) = self
+            ..
+        } = self
         {
             *int8_activations = on;
         }
@@ -309,12 +397,12 @@ impl<B: Backend> Linear<B> {
                 B::gemm(ctx, x, w, out, m, n, k);
                 Ok(())
             }
-            Linear::Quant(w, kind) => {
+            Linear::Quant { w, kind, order } => {
                 let qw = QuantWeights::<B> {
                     qweight: w,
                     scales: None,
                     zeros: None,
-                    g_idx: None,
+                    g_idx: order.as_ref(),
                 };
                 B::gemm_quant(ctx, x, &qw, out, m, n, k, kind)
             }
@@ -326,6 +414,38 @@ impl<B: Backend> Linear<B> {
 /// format (all the same block type, or all f32); otherwise hands the parts
 /// back.
 fn fuse(parts: Vec<(Raw, usize)>) -> std::result::Result<Raw, Vec<(Raw, usize)>> {
+    // Act-order parts fuse when they share one input order (GPTQ quantizes
+    // projections of the same input with the same order).
+    if let Some((Raw::Reordered { order, .. }, _)) = parts.first() {
+        let order = order.clone();
+        if !parts
+            .iter()
+            .all(|(r, _)| matches!(r, Raw::Reordered { order: o, .. } if *o == order))
+        {
+            return Err(parts);
+        }
+        let inner = parts
+            .into_iter()
+            .map(|(r, rows)| match r {
+                Raw::Reordered { inner, .. } => (*inner, rows),
+                other => (other, rows),
+            })
+            .collect();
+        return match fuse(inner) {
+            Ok(inner) => Ok(Raw::Reordered {
+                order,
+                inner: Box::new(inner),
+            }),
+            Err(inner) => Err(inner
+                .into_iter()
+                .map(|(inner, rows)| {
+                    let order = order.clone();
+                    let inner = Box::new(inner);
+                    (Raw::Reordered { order, inner }, rows)
+                })
+                .collect()),
+        };
+    }
     let same_blocks = match parts.first() {
         Some((Raw::Blocks { ty, .. }, _)) => {
             let t = *ty;
@@ -622,7 +742,7 @@ fn load_moe<B: Backend>(
                 read_stacked(g, &n("ffn_down_exps.weight"), ne, h, im)?,
             )
         }
-        Source::Hf(_) => {
+        Source::Hf(..) => {
             let names = arch.traits().moe.ok_or_else(|| {
                 FerrumError::invalid(format!("{arch:?} has no mixture-of-experts layers"))
             })?;
@@ -648,7 +768,7 @@ fn load_moe<B: Backend>(
                     let g = ["ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"][n];
                     format!("blk.{i}.{g}.weight")
                 }
-                Source::Hf(_) => {
+                Source::Hf(..) => {
                     let p = ["gate_proj", "up_proj", "down_proj"][n];
                     format!("model.layers.{i}.mlp.shared_experts.{p}.weight")
                 }
@@ -720,7 +840,7 @@ fn load_mla<B: Backend>(
             };
             format!("blk.{i}.{g}")
         }
-        Source::Hf(_) => format!("model.layers.{i}.self_attn.{hf}"),
+        Source::Hf(..) => format!("model.layers.{i}.self_attn.{hf}"),
     };
     let inter = interleaved_to_half(rope);
     let partial = partial_rotary_row_of(qk, rope);
@@ -744,7 +864,7 @@ fn load_mla<B: Backend>(
     // `attn_k_b` (each head's part transposed, `[heads, rank, nope]`) and
     // `attn_v_b` (`[heads, v, rank]`).
     let kv_b = match src {
-        Source::Hf(_) => require(src, &name("kv_b_proj.weight"), heads * (nope + v) * rank)?
+        Source::Hf(..) => require(src, &name("kv_b_proj.weight"), heads * (nope + v) * rank)?
             .to_f32(heads * (nope + v), rank)?,
         Source::Gguf(_) => {
             let k_b = require(
@@ -870,7 +990,7 @@ impl<B: Backend> Weights<B> {
         let name = |role, i| layer_name(src, cfg.arch, role, i);
         let (embed_name, norm_name, head_name) = match src {
             Source::Gguf(_) => ("token_embd.weight", "output_norm.weight", "output.weight"),
-            Source::Hf(_) => (
+            Source::Hf(..) => (
                 "model.embed_tokens.weight",
                 "model.norm.weight",
                 "lm_head.weight",
@@ -1016,22 +1136,29 @@ impl<B: Backend> Weights<B> {
                     Some(lm_head),
                 )
             }
-            (Raw::F32(table), head) => match (cfg.embed_scale, head) {
-                (None, head) => (
-                    Embedding::Dense(B::from_slice(&table)),
-                    head.map(|raw| Linear::upload(raw, cfg.vocab, h))
-                        .transpose()?,
-                ),
-                // Lookups use the scaled table; a tied head the unscaled one.
-                (Some(s), head) => {
-                    let lm_head = match head {
-                        Some(raw) => Linear::upload(raw, cfg.vocab, h)?,
-                        None => Linear::Dense(B::from_slice(&table)),
-                    };
-                    let scaled: Vec<f32> = table.iter().map(|v| v * s).collect();
-                    (Embedding::Dense(B::from_slice(&scaled)), Some(lm_head))
+            (raw, head) => {
+                // Lookups need rows in their own column order.
+                let table = match raw {
+                    Raw::F32(t) => t,
+                    other => other.to_f32(cfg.vocab, h)?,
+                };
+                match (cfg.embed_scale, head) {
+                    (None, head) => (
+                        Embedding::Dense(B::from_slice(&table)),
+                        head.map(|raw| Linear::upload(raw, cfg.vocab, h))
+                            .transpose()?,
+                    ),
+                    // Lookups use the scaled table; a tied head the unscaled one.
+                    (Some(s), head) => {
+                        let lm_head = match head {
+                            Some(raw) => Linear::upload(raw, cfg.vocab, h)?,
+                            None => Linear::Dense(B::from_slice(&table)),
+                        };
+                        let scaled: Vec<f32> = table.iter().map(|v| v * s).collect();
+                        (Embedding::Dense(B::from_slice(&scaled)), Some(lm_head))
+                    }
                 }
-            },
+            }
         };
         let final_norm = norm(norm_name, h)?;
         progress(cfg.layers + 1, cfg.layers + 1);
