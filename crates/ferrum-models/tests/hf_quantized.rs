@@ -5,7 +5,9 @@
 //! hf-tiny llama and qwen3 checkpoints into `target/fixtures/quant/NAME`,
 //! with the dequantized weights in `NAME/dequantized`. Checked here:
 //! - the unpacked weights equal the dequantized ones bit for bit (every
-//!   format's packing, zeros, scales and act-order groups);
+//!   format's packing, zeros, scales and act-order groups; `.ci/run` also
+//!   checks the GPTQ and compressed-tensors folders against llama.cpp's own
+//!   dequantizers with `scripts/check_quant_fixtures.py`);
 //! - logits on the quantized folder equal those on the dequantized one
 //!   within [`INT_TOL`] (integer formats are converted exactly, so only the
 //!   block kernels' 16-bit activations differ from the f32 GEMM), the 16
