@@ -302,8 +302,11 @@ impl GroupedInts {
 /// A quantized linear weight as read from the checkpoint.
 pub enum HfLinear {
     Ints(GroupedInts),
-    /// FP8 weights times their scales: `[n, k]` f32.
-    Floats(Vec<f32>),
+    /// FP8 weights times their scales, `[n, k]`.
+    Floats {
+        k: usize,
+        values: Vec<f32>,
+    },
 }
 
 fn err(name: &str, msg: impl std::fmt::Display) -> FerrumError {
@@ -319,11 +322,10 @@ fn words(st: &SafeTensors, name: &str, shape: &[usize]) -> Result<Vec<i32>> {
     Ok(v)
 }
 
-/// Reads `name` as f32 values with `numel` values.
+/// Reads `name` as f32 values, checking its shape.
 fn floats(st: &SafeTensors, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
     let (v, got) = st.to_f32(name)?;
-    let numel: usize = shape.iter().product();
-    if v.len() != numel || (got.len() == shape.len() && got != shape) {
+    if got != shape {
         return Err(err(name, format!("shape {got:?}, expected {shape:?}")));
     }
     Ok(v)
@@ -437,22 +439,17 @@ pub fn load_linear(
             group_size,
             symmetric,
         } => HfLinear::Ints(packed(st, base, bits, group_size, symmetric, n, k)?),
-        HfQuant::Fp8 { block } => HfLinear::Floats(fp8(
-            st,
-            weight_name,
-            &format!("{base}.weight_scale_inv"),
-            block,
-            n,
-            k,
-        )?),
-        HfQuant::FloatQuantized { block } => HfLinear::Floats(fp8(
-            st,
-            weight_name,
-            &format!("{base}.weight_scale"),
-            block,
-            n,
-            k,
-        )?),
+        HfQuant::Fp8 { block } | HfQuant::FloatQuantized { block } => {
+            let scale = match scheme {
+                HfQuant::Fp8 { .. } => "weight_scale_inv",
+                _ => "weight_scale",
+            };
+            let scale = format!("{base}.{scale}");
+            HfLinear::Floats {
+                k,
+                values: fp8(st, weight_name, &scale, block, n, k)?,
+            }
+        }
     }))
 }
 
@@ -482,7 +479,7 @@ fn gptq(
     pack_check(&name("qzeros"), bits, n, k, false)?;
     let qweight = words(st, &name("qweight"), &[k / pack, n])?;
     // With act-order the number of groups is the scales' row count.
-    let (_, sshape) = st.to_f32(&name("scales"))?;
+    let (scales, sshape) = st.to_f32(&name("scales"))?;
     let groups = match sshape[..] {
         [g, cols] if cols == n && g > 0 => g,
         _ => {
@@ -498,7 +495,6 @@ fn gptq(
             format!("{groups} groups do not cover k = {k} in groups of {group_size:?}"),
         ));
     }
-    let scales = floats(st, &name("scales"), &[groups, n])?;
     let qzeros = words(st, &name("qzeros"), &[groups, n / pack])?;
     let group_of = group_index(st, &name("g_idx"), k, groups, group_size)?;
     let mut q = vec![0u8; n * k];

@@ -106,7 +106,7 @@ fn unpacked_weights_equal_the_dequantized_checkpoint() {
                     assert_eq!([g.n, g.k], shape[..], "{name} {t}");
                     g.dequantize()
                 }
-                HfLinear::Floats(v) => v,
+                HfLinear::Floats { values, .. } => values,
             };
             assert!(
                 got == want,

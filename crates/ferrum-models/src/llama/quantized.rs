@@ -128,7 +128,7 @@ pub fn checkpoint_layouts(st: &SafeTensors, scheme: &HfQuant) -> Result<Vec<(Str
                 ),
                 Converted::F32(_) => "f32 (no block format holds it exactly)".into(),
             },
-            Some(HfLinear::Floats(_)) => "Q8_0 blocks (rounded from FP8)".into(),
+            Some(HfLinear::Floats { .. }) => "Q8_0 blocks (rounded from FP8)".into(),
             None => continue,
         };
         out.push((format!("{weight} [{n}, {k}]"), layout));

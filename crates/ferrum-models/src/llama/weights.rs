@@ -310,11 +310,12 @@ fn from_hf_quant(w: HfLinear) -> Result<Raw> {
                 }
             }
         }),
-        HfLinear::Floats(v) if v.len().is_multiple_of(32) => Ok(Raw::Blocks {
-            bytes: quantize_q8_0(&v)?.into(),
+        // Rows of whole blocks only: a block must not straddle two rows.
+        HfLinear::Floats { k, values } if k.is_multiple_of(32) => Ok(Raw::Blocks {
+            bytes: quantize_q8_0(&values)?.into(),
             ty: GgufQuantType::Q8_0,
         }),
-        HfLinear::Floats(v) => Ok(Raw::F32(v)),
+        HfLinear::Floats { values, .. } => Ok(Raw::F32(values)),
     }
 }
 
