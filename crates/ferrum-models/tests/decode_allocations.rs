@@ -55,7 +55,7 @@ fn count_allocations() {
     cfg.sliding = vec![false; 2];
     for ty in [GgufQuantType::Q4_1, GgufQuantType::Q4K] {
         let mut model =
-            KvManaged::new(LlamaModel::<CpuBackend>::random(cfg.clone(), ty, 3).unwrap());
+            KvManaged::new(LlamaModel::<CpuBackend>::random(cfg.clone(), ty, false, 3).unwrap());
         let ids = ["a", "b"];
         for id in ids {
             model.prepare(id, 128);

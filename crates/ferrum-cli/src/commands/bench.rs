@@ -36,6 +36,10 @@ pub struct BenchArgs {
     /// Block format of the random weights (q4_0, q4_1, q5_0, q5_1, q8_0, q2_k .. q6_k).
     #[arg(long, default_value = "q4_k")]
     random_type: String,
+    /// Give the random weights shuffled input orders, as act-order GPTQ
+    /// checkpoints load (measures the activation reorder per GEMM).
+    #[arg(long, requires = "random_weights")]
+    random_act_order: bool,
     /// Prompt tokens for the pp test (0 skips it).
     #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
     n_prompt: usize,
@@ -143,7 +147,12 @@ fn measure(reps: usize, mut f: impl FnMut() -> f64) -> (f64, f64) {
 }
 
 /// A model of a preset's shapes with random weights in `ty` blocks.
-fn random_model(preset: &str, ty: &str, device: Device) -> Result<Box<dyn PagedLlm>> {
+fn random_model(
+    preset: &str,
+    ty: &str,
+    act_order: bool,
+    device: Device,
+) -> Result<Box<dyn PagedLlm>> {
     let Some(cfg) = ferrum_models::llama::preset(preset) else {
         bail!(
             "unknown preset {preset:?}; choose one of {}",
@@ -160,7 +169,7 @@ fn random_model(preset: &str, ty: &str, device: Device) -> Result<Box<dyn PagedL
     };
     device.init()?;
     on_device!(device, |B| Ok(Box::new(LlamaModel::<B>::random(
-        cfg, qt, 1
+        cfg, qt, act_order, 1
     )?)))
 }
 
@@ -184,8 +193,16 @@ fn measure_all(args: BenchArgs) -> Result<()> {
     }
     let (name, model) = match &args.random_weights {
         Some(p) => (
-            format!("{p} random {}", args.random_type),
-            random_model(p, &args.random_type, args.device)?,
+            format!(
+                "{p} random {}{}",
+                args.random_type,
+                if args.random_act_order {
+                    " act-order"
+                } else {
+                    ""
+                }
+            ),
+            random_model(p, &args.random_type, args.random_act_order, args.device)?,
         ),
         None => {
             let path = resolve(&args.model)?;

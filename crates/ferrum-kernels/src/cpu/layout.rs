@@ -127,10 +127,19 @@ pub(crate) fn with_reordered<R>(
     // inside `f` may steal another GEMM's task that reorders too.
     let mut buf = REORDERED.take();
     buf.resize(m * k, 0.0);
-    for (dst, src) in buf.chunks_exact_mut(k).zip(a.chunks_exact(k)) {
+    let gather = |(dst, src): (&mut [f32], &[f32])| {
         for (d, o) in dst.iter_mut().zip(order) {
             *d = src[o.to_bits() as usize];
         }
+    };
+    // A prompt's rows in parallel; a decode step's few rows are not worth it.
+    if m > 8 {
+        use rayon::prelude::*;
+        buf.par_chunks_exact_mut(k)
+            .zip(a.par_chunks_exact(k))
+            .for_each(gather);
+    } else {
+        buf.chunks_exact_mut(k).zip(a.chunks_exact(k)).for_each(gather);
     }
     let r = f(&buf);
     REORDERED.set(buf);

@@ -250,9 +250,16 @@ impl<B: Backend> LlamaModel<B> {
     }
 
     /// A model of `cfg`'s shapes with random weights in `ty` blocks (see
-    /// [`preset`]), for benchmarks.
-    pub fn random(cfg: LlamaConfig, ty: ferrum_kernels::GgufQuantType, seed: u64) -> Result<Self> {
-        let w = Weights::random(&cfg, ty, seed)?;
+    /// [`preset`]), for benchmarks. `act_order`: every projection but the
+    /// output head gets a shuffled input order, as act-order GPTQ
+    /// checkpoints load (the cost of reordering the activation per GEMM).
+    pub fn random(
+        cfg: LlamaConfig,
+        ty: ferrum_kernels::GgufQuantType,
+        act_order: bool,
+        seed: u64,
+    ) -> Result<Self> {
+        let w = Weights::random(&cfg, ty, act_order, seed)?;
         Ok(Self::new(cfg, w, &KvPoolConfig::default()))
     }
 

@@ -1176,7 +1176,12 @@ impl<B: Backend> Weights<B> {
     /// Random weights of `cfg`'s shapes, every projection (and the
     /// embedding and output) in `ty` blocks, norms 1 and biases 0: for
     /// measuring speed where the checkpoint is not at hand.
-    pub fn random(cfg: &LlamaConfig, ty: GgufQuantType, seed: u64) -> Result<Self> {
+    pub fn random(
+        cfg: &LlamaConfig,
+        ty: GgufQuantType,
+        act_order: bool,
+        seed: u64,
+    ) -> Result<Self> {
         let g = ty.ggml();
         let bs = g.block_size();
         let (h, im) = (cfg.hidden, cfg.intermediate);
@@ -1197,7 +1202,27 @@ impl<B: Backend> Weights<B> {
                 bytes: blocks(rows, k)?.into(),
                 ty,
             };
-            Linear::upload(raw, rows, k)
+            if !act_order || rows == cfg.vocab {
+                return Linear::upload(raw, rows, k);
+            }
+            // A shuffled input order, as an act-order checkpoint has.
+            let mut order: Vec<u32> = (0..k as u32).collect();
+            let mut x = seed ^ k as u64;
+            for i in (1..k).rev() {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                order.swap(i, (x >> 33) as usize % (i + 1));
+            }
+            let inner = Box::new(raw);
+            Linear::upload(
+                Raw::Reordered {
+                    order: order.into(),
+                    inner,
+                },
+                rows,
+                k,
+            )
         };
         let ones = |n: usize| B::from_slice(&vec![1.0; n]);
         let mut layers = Vec::with_capacity(cfg.layers);
