@@ -139,7 +139,9 @@ pub(crate) fn with_reordered<R>(
             .zip(a.par_chunks_exact(k))
             .for_each(gather);
     } else {
-        buf.chunks_exact_mut(k).zip(a.chunks_exact(k)).for_each(gather);
+        buf.chunks_exact_mut(k)
+            .zip(a.chunks_exact(k))
+            .for_each(gather);
     }
     let r = f(&buf);
     REORDERED.set(buf);
