@@ -128,5 +128,62 @@ fn bench_gemm_quant(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_gemm, bench_gemm_quant);
+/// Decode as a model runs it: one activation row against weights that do
+/// not fit in the caches (eight copies of a Qwen2.5-1.5B MLP matrix, 120+
+/// MB, taken in turn), so each call streams its weights from memory.
+/// Reports weight bytes per second against the machine's bandwidth.
+fn bench_decode_from_memory(c: &mut Criterion) {
+    use GgufQuantType::*;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut group = c.benchmark_group("gemm_quant_dram");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(2));
+    let mut rng = StdRng::seed_from_u64(2);
+    let (n, k, copies) = (8960, 1536, 8);
+    for (t, int8_activations) in [(Q4K, true), (Q6K, true), (Q6K, false)] {
+        let bytes = random_blocks(&mut rng, t, n, k);
+        let qws: Vec<_> = (0..copies)
+            .map(|_| CpuBackend::load_gguf(&bytes, t, n, k).unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        let kind = QuantKind::Gguf {
+            quant_type: t,
+            int8_activations,
+        };
+        let a: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let a = CpuBackend::from_slice(&a);
+        let mut out = CpuBackend::alloc(n);
+        group.throughput(Throughput::Bytes(bytes.len() as u64));
+        let name = format!("{t:?}{}", if int8_activations { "_int8" } else { "" });
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                pool.install(|| {
+                    let t = Instant::now();
+                    for i in 0..iters as usize {
+                        let weights = QuantWeights::<CpuBackend> {
+                            qweight: &qws[i % copies],
+                            scales: None,
+                            zeros: None,
+                            g_idx: None,
+                        };
+                        CpuBackend::gemm_quant(&mut (), &a, &weights, &mut out, 1, n, k, &kind)
+                            .unwrap_or_else(|e| panic!("{e}"));
+                    }
+                    t.elapsed()
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_gemm,
+    bench_gemm_quant,
+    bench_decode_from_memory
+);
 criterion_main!(benches);

@@ -1,7 +1,11 @@
 //! K-quant blocks (Q4_K, Q5_K, Q6_K) re-laid out at load so that the lanes
 //! of a vector are the block's sub-blocks, for integer dot products with
-//! 8-bit activations (`PMADDUBSW`, or `VPDPBUSD` with VNNI) or 16-bit ones
-//! (`PMADDWD` / `VPDPWSSD`).
+//! 8-bit activations (`SDOT`, or widening multiplies without dotprod) or
+//! 16-bit ones (`SMLAL`): the Arm kernels. x86 had kernels on this layout
+//! too (`PMADDUBSW` / `VPDPBUSD`), replaced by the row-grouped layout of
+//! `kquant_rows`, which does the per-row work once per eight rows (1.5x
+//! the prefill and 1.15x the decode of Qwen2.5-Coder-1.5B Q4_K_M on a
+//! Zen 4); the Arm kernels have not been moved to it yet.
 //!
 //! A super-block of 256 values has one integer scale per sub-block (32
 //! values in Q4_K/Q5_K, 16 in Q6_K). In the file, 32 bytes of quants hold
@@ -39,17 +43,17 @@
 //! the VNNI and the AVX2 kernels give the same bits.
 
 use ferrum_types::{FerrumError, GgmlType, Result};
-use half::f16;
 use rayon::prelude::*;
 
 use super::act_quant::ActRows;
-use super::features::{has_avx2, has_neon};
+use super::features::has_neon;
+use super::outliers::f16_at;
 use crate::quant::scale_min_k4;
 
 /// Whether weights of type `ty` are repacked here (and computed by this
 /// module's kernels) on this CPU.
 pub(crate) fn supports(ty: GgmlType) -> bool {
-    (has_avx2() || has_neon()) && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+    has_neon() && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
 }
 
 /// Values per activation scale of the 16-bit kernels: a super-block.
@@ -158,20 +162,6 @@ pub(crate) fn repack(bytes: &[u8], ty: GgmlType, n: usize, k: usize) -> Result<V
     Ok(words)
 }
 
-/// The f16 at `b[at..at + 2]`: normal numbers by moving bits (this runs
-/// per outlier per weight row, where a library call per conversion showed
-/// in profiles), the rest by the `half` crate.
-#[inline(always)]
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    let h = u16::from_le_bytes([b[at], b[at + 1]]);
-    let exp = (h >> 10) & 0x1F;
-    if exp == 0 || exp == 0x1F {
-        return f16::from_bits(h).to_f32();
-    }
-    let bits = (u32::from(h & 0x8000) << 16) | ((u32::from(h & 0x7FFF) << 13) + (112 << 23));
-    f32::from_bits(bits)
-}
-
 /// Value `v` (0..256) of repacked block `b`, dequantized with the
 /// products rounded as ggml's dequantization rounds them: how the outliers
 /// of 8-bit activations meet their weights.
@@ -202,94 +192,15 @@ fn quant(ty: GgmlType, b: &[u8], v: usize) -> i32 {
     }
 }
 
-/// Weight rows per outlier task: their values at every outlier position
-/// stay in L1 while each activation row's outliers are added.
-const OUTLIER_ROWS: usize = 8;
-
-thread_local! {
-    static COLUMNS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Adds each activation row's 8-bit outliers ([`ActRows::row_outliers`],
-/// exact values left out of the integer dot products) times their weights
-/// to `out` (`[m, n]`, the kernels' results), in value order, for the
-/// repacked weights `w`: a pass of its own after a prompt-sized GEMM. The
-/// same channels spike in most tokens, so the weights are dequantized once
-/// per distinct outlier position (`outlier_union`, from [`order8`]) rather
-/// than once per outlier: for a 512-token prompt through Qwen2.5-1.5B's down
-/// projection, ~1,250 positions for ~5,400 outliers.
-pub(crate) fn add_outliers(
-    act: &ActRows,
+/// Weight row `j`'s value at position `at` of repacked weights `w` (rows
+/// of `k` values of `ty`), for the outlier pass ([`super::outliers`]).
+pub(crate) fn value_at(
     w: &[u8],
     ty: GgmlType,
-    out: &mut [f32],
-    m: usize,
-    n: usize,
-) {
-    let ptr = super::SyncPtr(out.as_mut_ptr());
-    assert!(out.len() >= m * n);
-    (0..n.div_ceil(OUTLIER_ROWS)).into_par_iter().for_each(|t| {
-        let rows = t * OUTLIER_ROWS..((t + 1) * OUTLIER_ROWS).min(n);
-        // SAFETY: `out` holds `[m, n]`; each task has its own columns.
-        unsafe { add_row_outliers(act, w, ty, rows, ptr, m, n) }
-    });
-}
-
-/// [`add_outliers`] for the weight rows `rows` only: what a decode-sized
-/// GEMM runs at the end of each task, while those rows are still in cache
-/// (a pass of its own re-read them from memory, 10% of a Qwen2.5-1.5B
-/// decode step). Each output's sum is the same either way, and whatever
-/// the other rows.
-///
-/// # Safety
-/// `out` must point to `[m, n]` floats whose columns `rows` no other
-/// thread touches meanwhile.
-pub(crate) unsafe fn add_row_outliers(
-    act: &ActRows,
-    w: &[u8],
-    ty: GgmlType,
-    rows: std::ops::Range<usize>,
-    out: super::SyncPtr,
-    m: usize,
-    n: usize,
-) {
-    let union = &act.outlier_union;
-    if union.is_empty() || rows.is_empty() {
-        return;
-    }
-    let bb = ty.block_bytes();
-    let row_bytes = act.k / 256 * bb;
-    assert!(rows.end <= n && w.len() >= n * row_bytes && act.outlier_count.len() >= m);
-    assert!(union.iter().all(|&at| (at as usize) < act.k));
-    let groups = act.k / 32;
-    COLUMNS.with(|cols| {
-        let mut cols = cols.borrow_mut();
-        cols.resize(rows.len() * union.len(), 0.0);
-        for (i, j) in rows.clone().enumerate() {
-            let row = &w[j * row_bytes..][..row_bytes];
-            for (x, &at) in cols[i * union.len()..][..union.len()].iter_mut().zip(union) {
-                let at = at as usize;
-                *x = value(ty, &row[at / 256 * bb..][..bb], at % 256);
-            }
-        }
-        for c in 0..m {
-            let count = act.outlier_count[c];
-            if count == 0 {
-                continue;
-            }
-            let outliers = &act.outliers[c * groups..][..count];
-            let slots = &act.outlier_slot[c * groups..][..count];
-            for (i, j) in rows.clone().enumerate() {
-                let col = &cols[i * union.len()..][..union.len()];
-                // SAFETY: c < m and j < n (asserted above); the caller
-                // leaves column j to this call.
-                let dot = unsafe { &mut *out.get().add(c * n + j) };
-                for (o, &slot) in outliers.iter().zip(slots) {
-                    *dot += o.x * col[slot as usize];
-                }
-            }
-        }
-    });
+    k: usize,
+) -> impl Fn(usize, usize) -> f32 + Sync + '_ {
+    let (bb, row_bytes) = (ty.block_bytes(), k / 256 * ty.block_bytes());
+    move |j, at| value(ty, &w[j * row_bytes + at / 256 * bb..][..bb], at % 256)
 }
 
 /// Puts each 256 values of `m` activation rows (`u8` or `i16` words of
@@ -317,26 +228,7 @@ pub(crate) fn order8(act: &mut ActRows, m: usize) {
     // SAFETY: i8 and u8 have the same layout.
     let bytes = unsafe { std::slice::from_raw_parts_mut(act.q8.as_mut_ptr().cast(), m * k) };
     transpose_words::<4>(bytes);
-    let mut union = std::mem::take(&mut act.outlier_union);
-    union.clear();
-    for r in 0..m {
-        union.extend(act.row_outliers(r).iter().map(|o| o.at));
-    }
-    union.sort_unstable();
-    union.dedup();
-    act.outlier_slot.resize(act.outliers.len(), 0);
-    let groups = k / 32;
-    for r in 0..m {
-        let count = act.outlier_count[r];
-        let (outliers, slots) = (
-            &act.outliers[r * groups..],
-            &mut act.outlier_slot[r * groups..],
-        );
-        for (o, slot) in outliers[..count].iter().zip(&mut slots[..count]) {
-            *slot = union.partition_point(|&u| u < o.at) as u32;
-        }
-    }
-    act.outlier_union = union;
+    super::outliers::index(act, m);
 }
 
 /// Orders 16-bit activations ([`ActRows::quantize`], groups of
@@ -376,16 +268,6 @@ pub(crate) fn dot_rows(
         assert!(act.group == ACT_GROUP && act.qs.len() >= (r0 + m) * act.k);
     }
     assert!(act.d.len() >= (r0 + m) * act.stride);
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `supports` checked AVX2/FMA/F16C (and `has_vnni` the VNNI
-    // entry's features); the extents asserted above are what they read.
-    unsafe {
-        if super::features::has_vnni() {
-            x86::dot_rows_vnni(ty, rows.as_ptr(), row_bytes, act, r0, m, dots)
-        } else {
-            x86::dot_rows_avx2(ty, rows.as_ptr(), row_bytes, act, r0, m, dots)
-        }
-    }
     #[cfg(target_arch = "aarch64")]
     // SAFETY: `supports` checked NEON (and `has_dotprod` the dotprod
     // entry's feature); the extents asserted above are what they read.
@@ -396,11 +278,12 @@ pub(crate) fn dot_rows(
             arm::dot_rows_neon(ty, rows.as_ptr(), row_bytes, act, r0, m, dots)
         }
     }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        let _ = dots;
+        unreachable!("supports() is false off AArch64");
+    }
 }
-
-#[cfg(target_arch = "x86_64")]
-#[path = "x86/kquant_lanes.rs"]
-mod x86;
 
 #[cfg(target_arch = "aarch64")]
 #[path = "arm/kquant_lanes.rs"]
@@ -437,11 +320,10 @@ mod tests {
         }
     }
 
-    /// The CPU's two kernel entries (x86: AVX2 and AVX-512 VNNI; Arm:
-    /// plain NEON and dotprod) give the same bits for every type, row count
-    /// and activation width: their integer sums cannot differ, and the
-    /// float steps are shared.
-    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    /// The two Arm kernel entries (plain NEON and dotprod) give the same
+    /// bits for every type, row count and activation width: their integer
+    /// sums cannot differ, and the float steps are shared.
+    #[cfg(target_arch = "aarch64")]
     #[test]
     fn both_kernel_entries_agree_bitwise() {
         use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -450,20 +332,13 @@ mod tests {
         use super::{order16, order8, repack, ACT_GROUP};
 
         type Entry = unsafe fn(GgmlType, *const u8, usize, &ActRows, usize, usize, &mut [[f32; 8]]);
-        #[cfg(target_arch = "x86_64")]
-        let (plain, wide, ok): (Entry, Entry, bool) = (
-            super::x86::dot_rows_avx2,
-            super::x86::dot_rows_vnni,
-            super::super::features::has_vnni(),
-        );
-        #[cfg(target_arch = "aarch64")]
         let (plain, wide, ok): (Entry, Entry, bool) = (
             super::arm::dot_rows_neon,
             super::arm::dot_rows_dotprod,
             super::super::features::has_dotprod(),
         );
         if !ok {
-            eprintln!("skipped: this CPU lacks AVX-512 VNNI / dotprod");
+            eprintln!("skipped: this CPU lacks dotprod");
             return;
         }
         let mut rng = StdRng::seed_from_u64(4);
@@ -508,7 +383,7 @@ mod tests {
     fn f16_conversion_is_exact() {
         for h in 0..=u16::MAX {
             let want = half::f16::from_bits(h).to_f32();
-            let got = super::f16_at(&h.to_le_bytes(), 0);
+            let got = crate::cpu::outliers::f16_at(&h.to_le_bytes(), 0);
             assert!(
                 got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
                 "{h:#x}"

@@ -25,11 +25,16 @@ mod activation;
 mod attention;
 mod features;
 mod gptq;
+#[cfg(target_arch = "x86_64")]
+#[path = "x86/int_dot.rs"]
+mod int_dot;
 mod interleaved;
 mod kquant_lanes;
+mod kquant_rows;
 mod layout;
 mod matmul;
 mod norm;
+mod outliers;
 mod quant_gemm;
 mod rope;
 pub(crate) mod simd;
@@ -108,7 +113,9 @@ pub fn simd_level() -> &'static str {
 /// honours `QuantKind::Gguf::int8_activations` on this CPU: 8-bit values
 /// per 32, with the scale `max|x| / 127`, rounded half to even.
 pub fn takes_int8_activations(ty: crate::GgufQuantType) -> bool {
-    interleaved::takes_act8(ty.ggml()) || kquant_lanes::supports(ty.ggml())
+    interleaved::takes_act8(ty.ggml())
+        || kquant_rows::supports(ty.ggml())
+        || kquant_lanes::supports(ty.ggml())
 }
 
 /// The activation group size when `gemm_quant` with `ty` weights (loaded
@@ -116,7 +123,7 @@ pub fn takes_int8_activations(ty: crate::GgufQuantType) -> bool {
 /// ([`crate::quant::act`]) and uses integer dot products on this CPU;
 /// `None` where it computes in f32.
 pub fn integer_activation_group(ty: crate::GgufQuantType) -> Option<usize> {
-    if interleaved::supports(ty.ggml()) {
+    if interleaved::supports(ty.ggml()) || kquant_rows::supports(ty.ggml()) {
         Some(32)
     } else {
         kquant_lanes::supports(ty.ggml()).then_some(kquant_lanes::ACT_GROUP)
@@ -666,6 +673,11 @@ impl Backend for CpuBackend {
         Ok(if interleaved::supports(ty) {
             CpuBuffer {
                 data: interleaved::repack(bytes, ty, n, k)?,
+                dtype: CpuDtype::Repacked(ty),
+            }
+        } else if kquant_rows::supports(ty) {
+            CpuBuffer {
+                data: kquant_rows::repack(bytes, ty, n, k)?,
                 dtype: CpuDtype::Repacked(ty),
             }
         } else if kquant_lanes::supports(ty) {

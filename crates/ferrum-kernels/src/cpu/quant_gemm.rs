@@ -18,8 +18,8 @@ use rayon::prelude::*;
 
 use super::act_quant::ActRows;
 use super::matmul::{blocked, multi_dot, ROWS_PER_TASK, STREAMING_MAX_M};
-use super::SyncPtr;
-use super::{interleaved, kquant_lanes, CpuDtype};
+use super::{interleaved, kquant_lanes, kquant_rows, CpuDtype};
+use super::{outliers, SyncPtr};
 use crate::quant::dequantize;
 
 /// Up to this many groups of `STREAMING_MAX_M` activation rows stream each
@@ -84,9 +84,12 @@ pub(crate) fn gemm_gguf(
         )));
     }
     let row_bytes = k / bs * bb;
-    let need = match repacked && interleaved::supports(ty) {
-        true => interleaved::weight_bytes(ty, n, k),
-        false => n * row_bytes,
+    let need = if repacked && interleaved::supports(ty) {
+        interleaved::weight_bytes(ty, n, k)
+    } else if repacked && kquant_rows::supports(ty) {
+        kquant_rows::weight_bytes(ty, n, k)
+    } else {
+        n * row_bytes
     };
     if w.len() < need || a.len() < m * k || out.len() < m * n {
         return Err(FerrumError::invalid(format!(
@@ -107,6 +110,12 @@ pub(crate) fn gemm_gguf(
                 act.quantize(a, m, k, 32);
             }
             interleaved::gemm(act, w, ty, out, m, n);
+        });
+        Ok(())
+    } else if repacked && kquant_rows::supports(ty) {
+        with_scratch(&ACT, |act| {
+            kquant_rows::quantize(act, a, m, k, int8_activations);
+            kquant_rows::gemm(act, w, ty, out, m, n);
         });
         Ok(())
     } else if repacked && kquant_lanes::supports(ty) {
@@ -142,6 +151,7 @@ fn integer(
 ) {
     let ptr = SyncPtr(out.as_mut_ptr());
     let tasks = n.div_ceil(ROWS_PER_TASK);
+    let value = kquant_lanes::value_at(w, ty, act.k);
     for block in act.blocks(m) {
         (0..tasks).into_par_iter().for_each(|t| {
             let mut dots = [[0f32; STREAMING_MAX_M]; ROWS_PER_TASK];
@@ -162,12 +172,12 @@ fn integer(
             if act.a8 && m <= STREAMING_MAX_M {
                 // SAFETY: `out` is `[m, n]`; only this task writes columns
                 // `rows`.
-                unsafe { kquant_lanes::add_row_outliers(act, w, ty, rows, ptr, m, n) };
+                unsafe { outliers::add_row_outliers(act, &value, rows, ptr, m, n) };
             }
         });
     }
     if act.a8 && m > STREAMING_MAX_M {
-        kquant_lanes::add_outliers(act, w, ty, out, m, n);
+        outliers::add_outliers(act, value, out, m, n);
     }
 }
 

@@ -1,0 +1,438 @@
+//! K-quant blocks (Q4_K, Q5_K, Q6_K) re-laid out at load eight weight rows
+//! at a time, for x86 integer kernels whose vector lanes are those rows
+//! (ggml's `block_q4_Kx8` idea, in a layout of our own).
+//!
+//! Why rows in lanes: the lanes layout (`kquant_lanes`, kept for Arm) puts
+//! one row's sub-blocks in a vector, so every row pays its own header
+//! decode, scaling, float finish and horizontal sum. At one activation row
+//! (decode) that overhead was most of the work: Qwen2.5-Coder-1.5B decoded
+//! at half llama.cpp's speed per core on a Zen 4. Here a `VPDPBUSD` (or
+//! `PMADDUBSW`) multiplies four values of eight rows by the same four
+//! activation bytes, broadcast, so a 32-value span's results land in one
+//! vector, one lane per row, and are converted, scaled and summed once for
+//! all eight; there is no horizontal sum at all.
+//!
+//! Layout of one *group block* (rows `8g..8g+8`, super-block `b`; groups
+//! are stored one after another, each holding its super-blocks in order,
+//! rows past `n` zero). A *span* `j` (0..8) is values `32j..32j+32`; its
+//! quants are four 32-byte vectors `V_{j,u}` (`u` = 0..4) whose byte
+//! `4r + p` holds value `32j + 4u + p` of row `r` in its low nibble and value
+//! `32j + 16 + 4u + p` in its high nibble: the *low* and *high half* of the
+//! span (a Q6_K sub-block each).
+//! - Q4_K, Q5_K: bytes 0..16 the rows' f16 `d`, 16..32 their `dmin`,
+//!   32..96 the 6-bit sub-block scales unpacked to a byte each (`8j + r`),
+//!   96..160 the minimums likewise; then the spans, each its four `V_{j,u}`
+//!   and, for Q5_K, a 32-byte plane whose byte `4r + p` has in bit `u` the
+//!   fifth bit of the low half's value and in bit `4 + u` the high half's.
+//!   1,184 and 1,440 bytes for eight file blocks of 1,152 and 1,408 (+2.8%,
+//!   +2.3%): the unpacked scales save a six-bit decode per row and
+//!   super-block.
+//! - Q6_K: bytes 0..16 the rows' f16 `d`, 16..144 the sixteen signed
+//!   scales per row (`8s + r`); then the spans, each its four `V_{j,u}`
+//!   (the low four bits) and two vectors of top bits, the half `h`'s
+//!   second: bits `2u, 2u + 1` of byte `4r + p` are those of value
+//!   `32j + 16h + 4u + p`. Values stay unsigned (`q + 32`; the offset
+//!   comes off through activation sums). Exactly eight file blocks.
+//!
+//! A span's bytes are contiguous, so a group block is read strictly in
+//! order: with Q6_K's top bits in a plane of their own after the nibbles,
+//! two interleaved streams per block, decode from memory ran at half the
+//! bandwidth (`gemm_quant_dram` bench, `docs/perf-log.md`).
+//!
+//! Activations: 8-bit ones in value order, a scale per 32 ([`ActRows::
+//! quantize8`]), so a span's integer sum is scaled by its own activation
+//! scale; 16-bit ones with a scale per 32 as well, each run of four values
+//! stored 0, 2, 1, 3 so that a broadcast pair lines up with the even or the
+//! odd values of a weight word split into 16-bit lanes.
+//!
+//! Every output is one lane of the same instruction sequence for any
+//! number of activation rows (the engine's batched == alone guarantee),
+//! and the AVX2 and VNNI kernels compute the same integers (no 16-bit sum
+//! can overflow), so the same bits.
+
+use ferrum_types::{FerrumError, GgmlType, Result};
+use rayon::prelude::*;
+
+use super::act_quant::ActRows;
+use super::outliers::f16_at;
+use super::SyncPtr;
+use crate::quant::scale_min_k4;
+
+/// Weight rows per group: the i32 lanes of a 256-bit vector.
+pub(crate) const ROWS: usize = 8;
+
+/// Activation rows per kernel call.
+const ACT_ROWS: usize = 4;
+
+/// Groups per parallel task.
+const GROUPS_PER_TASK: usize = 4;
+
+/// Values per activation scale, for either width.
+pub(crate) const ACT_GROUP: usize = 32;
+
+/// Whether weights of type `ty` are laid out here (and computed by this
+/// module's kernels) on this CPU.
+pub(crate) fn supports(ty: GgmlType) -> bool {
+    cfg!(target_arch = "x86_64")
+        && super::features::has_avx2()
+        && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+}
+
+/// Bytes of one group block of `ty`.
+pub(crate) fn group_bytes(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q4_K => 1184,
+        GgmlType::Q5_K => 1440,
+        _ => 1680,
+    }
+}
+
+/// Where span `j` of a group block starts: after the header, spans of
+/// four nibble vectors plus Q5_K's plane or Q6_K's two top-bit vectors.
+pub(crate) fn span_at(ty: GgmlType, j: usize) -> usize {
+    match ty {
+        GgmlType::Q4_K => 160 + 128 * j,
+        GgmlType::Q5_K => 160 + 160 * j,
+        _ => 144 + 192 * j,
+    }
+}
+
+/// Bytes of `n` rows of `k` values of `ty` in this layout (rows padded to
+/// whole groups).
+pub(crate) fn weight_bytes(ty: GgmlType, n: usize, k: usize) -> usize {
+    n.div_ceil(ROWS) * (k / 256) * group_bytes(ty)
+}
+
+/// The unsigned quants of a file block (`q` for Q4_K/Q5_K, `q + 32` for
+/// Q6_K), in value order.
+fn file_quants(ty: GgmlType, b: &[u8]) -> [u8; 256] {
+    let mut q = [0u8; 256];
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            let qs = &b[if ty == GgmlType::Q4_K { 16 } else { 48 }..];
+            for c in 0..4 {
+                for i in 0..32 {
+                    let byte = qs[32 * c + i];
+                    q[64 * c + i] = byte & 0x0F;
+                    q[64 * c + 32 + i] = byte >> 4;
+                    if ty == GgmlType::Q5_K {
+                        let qh = b[16 + i];
+                        q[64 * c + i] |= ((qh >> (2 * c)) & 1) << 4;
+                        q[64 * c + 32 + i] |= ((qh >> (2 * c + 1)) & 1) << 4;
+                    }
+                }
+            }
+        }
+        _ => {
+            for half in 0..2 {
+                let (ql, qh) = (&b[64 * half..], &b[128 + 32 * half..]);
+                for l in 0..32 {
+                    let v = 128 * half + l;
+                    q[v] = (ql[l] & 0x0F) | (qh[l] & 3) << 4;
+                    q[v + 32] = (ql[l + 32] & 0x0F) | ((qh[l] >> 2) & 3) << 4;
+                    q[v + 64] = (ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4;
+                    q[v + 96] = (ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4;
+                }
+            }
+        }
+    }
+    q
+}
+
+/// Where value `v` (0..256) of row `r` sits in a group block of `ty`: the
+/// byte of its nibble, the byte of its high bits (Q5_K, Q6_K), its half
+/// and chunk `u`.
+#[inline(always)]
+fn place(ty: GgmlType, r: usize, v: usize) -> (usize, usize, usize, usize) {
+    let (j, t) = (v / 32, v % 32);
+    let (half, u, byte) = (t / 16, t % 16 / 4, 4 * r + t % 4);
+    let at = span_at(ty, j);
+    let high = match ty {
+        GgmlType::Q6_K => at + 128 + 32 * half + byte,
+        _ => at + 128 + byte,
+    };
+    (at + 32 * u + byte, high, half, u)
+}
+
+/// Writes file block `src` as row `r` of group block `dst`.
+fn put_row(ty: GgmlType, src: &[u8], r: usize, dst: &mut [u8]) {
+    if ty == GgmlType::Q6_K {
+        dst[2 * r..2 * r + 2].copy_from_slice(&src[208..210]);
+        for s in 0..16 {
+            dst[16 + 8 * s + r] = src[192 + s];
+        }
+    } else {
+        dst[2 * r..2 * r + 2].copy_from_slice(&src[..2]);
+        dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&src[2..4]);
+        for j in 0..8 {
+            let (sc, mn) = scale_min_k4(j, &src[4..16]);
+            dst[32 + 8 * j + r] = sc;
+            dst[96 + 8 * j + r] = mn;
+        }
+    }
+    for (v, &x) in file_quants(ty, src).iter().enumerate() {
+        let (at, high, half, u) = place(ty, r, v);
+        dst[at] |= (x & 0x0F) << (4 * half);
+        match ty {
+            GgmlType::Q5_K => dst[high] |= (x >> 4) << (4 * half + u),
+            GgmlType::Q6_K => dst[high] |= (x >> 4) << (2 * u),
+            _ => {}
+        }
+    }
+}
+
+/// The grouped form of `n` rows of `k` values in `ty` blocks (`bytes` in
+/// the file's layout), as f32 words for a [`super::CpuBuffer`].
+pub(crate) fn repack(bytes: &[u8], ty: GgmlType, n: usize, k: usize) -> Result<Vec<f32>> {
+    let bb = ty.block_bytes();
+    if !matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+        || !k.is_multiple_of(256)
+        || bytes.len() != n * (k / 256) * bb
+    {
+        return Err(FerrumError::invalid(format!(
+            "cannot repack {} bytes as {n} x {k} {ty} weights",
+            bytes.len()
+        )));
+    }
+    let (nb, gb) = (k / 256, group_bytes(ty));
+    let mut words = vec![0f32; weight_bytes(ty, n, k).div_ceil(4)];
+    // SAFETY: f32 words have no invalid bit patterns, and the byte view
+    // covers exactly the words' memory.
+    let out =
+        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), words.len() * 4) };
+    out.par_chunks_mut(nb * gb)
+        .take(n.div_ceil(ROWS))
+        .enumerate()
+        .for_each(|(g, dst)| {
+            for (b, dst) in dst.chunks_exact_mut(gb).enumerate() {
+                for r in 0..ROWS.min(n - g * ROWS) {
+                    let row = g * ROWS + r;
+                    put_row(ty, &bytes[(row * nb + b) * bb..][..bb], r, dst);
+                }
+            }
+        });
+    Ok(words)
+}
+
+/// Value `v` (0..256) of row `r` of group block `b`, dequantized with the
+/// products rounded as ggml's dequantization rounds them: how the outliers
+/// of 8-bit activations meet their weights.
+#[inline(always)]
+fn value(ty: GgmlType, b: &[u8], r: usize, v: usize) -> f32 {
+    let (at, high, half, u) = place(ty, r, v);
+    let mut q = (b[at] >> (4 * half)) & 0x0F;
+    match ty {
+        GgmlType::Q6_K => {
+            q |= ((b[high] >> (2 * u)) & 3) << 4;
+            let sc = f32::from(b[16 + 8 * (v / 16) + r] as i8);
+            f16_at(b, 2 * r) * sc * (f32::from(q) - 32.0)
+        }
+        _ => {
+            if ty == GgmlType::Q5_K {
+                q |= ((b[high] >> (4 * half + u)) & 1) << 4;
+            }
+            let j = v / 32;
+            let (sc, mn) = (f32::from(b[32 + 8 * j + r]), f32::from(b[96 + 8 * j + r]));
+            f16_at(b, 2 * r) * sc * f32::from(q) - f16_at(b, 16 + 2 * r) * mn
+        }
+    }
+}
+
+/// Weight row `j`'s value at position `at` of grouped weights `w` (rows of
+/// `k` values of `ty`), for the outlier pass ([`super::outliers`]).
+fn value_at(w: &[u8], ty: GgmlType, k: usize) -> impl Fn(usize, usize) -> f32 + Sync + '_ {
+    let (nb, gb) = (k / 256, group_bytes(ty));
+    move |j, at| {
+        value(
+            ty,
+            &w[((j / ROWS) * nb + at / 256) * gb..][..gb],
+            j % ROWS,
+            at % 256,
+        )
+    }
+}
+
+/// Quantizes `a` (`[m, k]`) for these kernels: 8-bit values with their
+/// outliers indexed and sums per 16 (Q6_K's offset), or 16-bit values in
+/// runs of four ordered 0, 2, 1, 3.
+pub(crate) fn quantize(act: &mut ActRows, a: &[f32], m: usize, k: usize, a8: bool) {
+    if a8 {
+        act.quantize8(a, m, k, true);
+        act.sums16.resize(m * k / 16, 0);
+        for (q, s) in act.q8[..m * k].chunks_exact(16).zip(act.sums16.iter_mut()) {
+            *s = q.iter().map(|&v| i16::from(v)).sum();
+        }
+        super::outliers::index(act, m);
+    } else {
+        act.quantize(a, m, k, ACT_GROUP);
+        for run in act.qs[..m * k].chunks_exact_mut(4) {
+            run.swap(1, 2);
+        }
+    }
+}
+
+/// `out[m, n] = a · dequant(w)ᵀ` for grouped weights `w` (`n` rows of `k`
+/// values of `ty`) and activations from [`quantize`]. The caller has
+/// checked the buffers' sizes.
+pub(crate) fn gemm(act: &ActRows, w: &[u8], ty: GgmlType, out: &mut [f32], m: usize, n: usize) {
+    let k = act.k;
+    assert!(supports(ty) && act.group == ACT_GROUP && k.is_multiple_of(256));
+    assert!(w.len() >= weight_bytes(ty, n, k) && out.len() >= m * n);
+    if act.a8 {
+        assert!(act.q8.len() >= m * k && act.sums16.len() >= m * k / 16);
+    } else {
+        assert!(act.qs.len() >= m * k);
+    }
+    assert!(act.d.len() >= m * act.stride && act.s.len() >= m * act.stride);
+    let ptr = SyncPtr(out.as_mut_ptr());
+    let gb = k / 256 * group_bytes(ty);
+    let groups = n.div_ceil(ROWS);
+    let tasks = groups.div_ceil(GROUPS_PER_TASK);
+    let value = value_at(w, ty, k);
+    for block in act.blocks(m) {
+        (0..tasks).into_par_iter().for_each(|t| {
+            let mut res = [[0f32; ROWS]; ACT_ROWS];
+            let gs = t * GROUPS_PER_TASK..((t + 1) * GROUPS_PER_TASK).min(groups);
+            for g in gs.clone() {
+                let (j0, valid) = (g * ROWS, ROWS.min(n - g * ROWS));
+                for r0 in block.clone().step_by(ACT_ROWS) {
+                    let rows = ACT_ROWS.min(block.end - r0);
+                    dot_group(ty, &w[g * gb..][..gb], act, r0, rows, &mut res);
+                    for (c, res) in res[..rows].iter().enumerate() {
+                        // SAFETY: row r0 + c < m and columns j0..j0 + valid
+                        // ≤ n of `out` ([m, n], asserted); only this task
+                        // writes group g's columns.
+                        unsafe {
+                            let dst = ptr.get().add((r0 + c) * n + j0);
+                            std::ptr::copy_nonoverlapping(res.as_ptr(), dst, valid);
+                        }
+                    }
+                }
+            }
+            if act.a8 && m <= ACT_ROWS * 2 {
+                let rows = gs.start * ROWS..(gs.end * ROWS).min(n);
+                // SAFETY: `out` is `[m, n]`; only this task writes columns
+                // `rows`.
+                unsafe { super::outliers::add_row_outliers(act, &value, rows, ptr, m, n) };
+            }
+        });
+    }
+    if act.a8 && m > ACT_ROWS * 2 {
+        super::outliers::add_outliers(act, value, out, m, n);
+    }
+}
+
+/// `out[c][r] = act[r0 + c] · dequant(row r of group gw)` for `m ≤ 4`
+/// activation rows.
+fn dot_group(
+    ty: GgmlType,
+    gw: &[u8],
+    act: &ActRows,
+    r0: usize,
+    m: usize,
+    out: &mut [[f32; ROWS]; ACT_ROWS],
+) {
+    assert!((1..=ACT_ROWS).contains(&m) && gw.len() == act.k / 256 * group_bytes(ty));
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `supports` checked AVX2/FMA/F16C (and `has_vnni` the VNNI
+    // entry's features); `gemm` asserted the activation extents.
+    unsafe {
+        if super::features::has_vnni() {
+            x86::dot_group_vnni(ty, gw.as_ptr(), act, r0, m, out)
+        } else {
+            x86::dot_group_avx2(ty, gw.as_ptr(), act, r0, m, out)
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (ty, gw, act, r0, m, out);
+        unreachable!("supports() is false off x86-64");
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[path = "x86/kquant_rows.rs"]
+mod x86;
+
+#[cfg(test)]
+mod tests {
+    use ferrum_types::GgmlType;
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+
+    use super::{group_bytes, repack, value, ROWS};
+    use crate::cpu::act_quant::ActRows;
+    use crate::quant::{dequantize, random_blocks};
+
+    const TYPES: [GgmlType; 3] = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
+
+    /// Every value read back from the grouped layout equals the file
+    /// block's dequantized value, for a row count that leaves a partial
+    /// last group.
+    #[test]
+    fn grouping_keeps_every_value() {
+        for (seed, ty) in TYPES.into_iter().enumerate() {
+            let (n, k) = (13, 512);
+            let nb = k / 256;
+            let bytes = random_blocks(ty, n * nb, seed as u64).unwrap_or_default();
+            let mut want = vec![0f32; n * k];
+            dequantize(ty, &bytes, &mut want).unwrap_or_else(|e| panic!("{e}"));
+            let words = repack(&bytes, ty, n, k).unwrap_or_else(|e| panic!("{e}"));
+            let w = crate::packed_bytes(&words);
+            let gb = group_bytes(ty);
+            assert_eq!(w.len(), n.div_ceil(ROWS) * nb * gb);
+            for row in 0..n {
+                for v in 0..k {
+                    let blk = &w[((row / ROWS) * nb + v / 256) * gb..][..gb];
+                    let got = value(ty, blk, row % ROWS, v % 256);
+                    assert_eq!(got, want[row * k + v], "{ty} row {row} value {v}");
+                }
+            }
+            assert!(repack(&bytes[1..], ty, n, k).is_err(), "short input");
+        }
+    }
+
+    /// The AVX2 and VNNI kernels give the same bits for every type, row
+    /// count and activation width, and a row's results do not depend on
+    /// the rows computed with it.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn kernels_agree_bitwise_and_rows_are_independent() {
+        use super::{quantize, supports, x86, ACT_ROWS};
+        if !supports(GgmlType::Q4_K) {
+            eprintln!("skipped: no AVX2");
+            return;
+        }
+        let vnni = crate::cpu::features::has_vnni();
+        let mut rng = StdRng::seed_from_u64(5);
+        for (seed, ty) in TYPES.into_iter().enumerate() {
+            let k = 512;
+            let bytes = random_blocks(ty, ROWS * k / 256, seed as u64).unwrap_or_default();
+            let words = repack(&bytes, ty, ROWS, k).unwrap_or_else(|e| panic!("{e}"));
+            let w = crate::packed_bytes(&words);
+            let a: Vec<f32> = (0..ACT_ROWS * k)
+                .map(|_| rng.random_range(-2.0f32..2.0))
+                .collect();
+            for a8 in [false, true] {
+                let mut act = ActRows::default();
+                quantize(&mut act, &a, ACT_ROWS, k, a8);
+                let mut all = [[0f32; ROWS]; ACT_ROWS];
+                // SAFETY: AVX2 checked; one group and four rows.
+                unsafe { x86::dot_group_avx2(ty, w.as_ptr(), &act, 0, ACT_ROWS, &mut all) };
+                for m in 1..=ACT_ROWS {
+                    for r0 in 0..=ACT_ROWS - m {
+                        let (mut x, mut y) = ([[0f32; ROWS]; ACT_ROWS], [[0f32; ROWS]; ACT_ROWS]);
+                        // SAFETY: as above; VNNI only where detected.
+                        unsafe {
+                            x86::dot_group_avx2(ty, w.as_ptr(), &act, r0, m, &mut x);
+                            if vnni {
+                                x86::dot_group_vnni(ty, w.as_ptr(), &act, r0, m, &mut y);
+                                assert_eq!(x[..m], y[..m], "{ty} m{m} 8-bit {a8}");
+                            }
+                        }
+                        assert_eq!(x[..m], all[r0..r0 + m], "{ty} rows {r0}+{m} 8-bit {a8}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! The exact outliers of 8-bit activations ([`ActRows::quantize8`] leaves
+//! them out of the integer dot products) added back, against weights
+//! dequantized at their positions, for the k-quant kernels of either
+//! layout (`kquant_lanes`, `kquant_rows`): each passes how to read one
+//! weight value.
+
+use rayon::prelude::*;
+
+use super::act_quant::ActRows;
+use super::SyncPtr;
+
+/// Weight rows per outlier task: their values at every outlier position
+/// stay in L1 while each activation row's outliers are added.
+const OUTLIER_ROWS: usize = 8;
+
+thread_local! {
+    static COLUMNS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The f16 at `b[at..at + 2]`: normal numbers by moving bits (this runs
+/// per outlier per weight row in the outlier passes, where a library call per conversion showed
+/// in profiles), the rest by the `half` crate.
+#[inline(always)]
+pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
+    let h = u16::from_le_bytes([b[at], b[at + 1]]);
+    let exp = (h >> 10) & 0x1F;
+    if exp == 0 || exp == 0x1F {
+        return half::f16::from_bits(h).to_f32();
+    }
+    let bits = (u32::from(h & 0x8000) << 16) | ((u32::from(h & 0x7FFF) << 13) + (112 << 23));
+    f32::from_bits(bits)
+}
+
+/// Orders the outlier positions of `m` rows of 8-bit activations: their
+/// sorted, distinct positions (`outlier_union`) and each outlier's index in
+/// it (`outlier_slot`), for [`add_row_outliers`].
+pub(crate) fn index(act: &mut ActRows, m: usize) {
+    let mut union = std::mem::take(&mut act.outlier_union);
+    union.clear();
+    for r in 0..m {
+        union.extend(act.row_outliers(r).iter().map(|o| o.at));
+    }
+    union.sort_unstable();
+    union.dedup();
+    act.outlier_slot.resize(act.outliers.len(), 0);
+    let groups = act.k / 32;
+    for r in 0..m {
+        let count = act.outlier_count[r];
+        let (outliers, slots) = (
+            &act.outliers[r * groups..],
+            &mut act.outlier_slot[r * groups..],
+        );
+        for (o, slot) in outliers[..count].iter().zip(&mut slots[..count]) {
+            *slot = union.partition_point(|&u| u < o.at) as u32;
+        }
+    }
+    act.outlier_union = union;
+}
+
+/// Adds each activation row's outliers times their weights to `out`
+/// (`[m, n]`, the kernels' results), in value order: a pass of its own
+/// after a prompt-sized GEMM. `value(j, at)` is weight row `j`'s value at
+/// position `at`, rounded as ggml's dequantization rounds it. The same
+/// channels spike in most tokens, so the weights are dequantized once per
+/// distinct outlier position (see [`index`]) rather than once per outlier:
+/// for a 512-token prompt through Qwen2.5-1.5B's down projection, ~1,250
+/// positions for ~5,400 outliers.
+pub(crate) fn add_outliers<V: Fn(usize, usize) -> f32 + Sync>(
+    act: &ActRows,
+    value: V,
+    out: &mut [f32],
+    m: usize,
+    n: usize,
+) {
+    let ptr = SyncPtr(out.as_mut_ptr());
+    assert!(out.len() >= m * n);
+    (0..n.div_ceil(OUTLIER_ROWS)).into_par_iter().for_each(|t| {
+        let rows = t * OUTLIER_ROWS..((t + 1) * OUTLIER_ROWS).min(n);
+        // SAFETY: `out` holds `[m, n]`; each task has its own columns.
+        unsafe { add_row_outliers(act, &value, rows, ptr, m, n) }
+    });
+}
+
+/// [`add_outliers`] for the weight rows `rows` only: what a decode-sized
+/// GEMM runs at the end of each task, while those rows are still in cache
+/// (a pass of its own re-read them from memory, 10% of a Qwen2.5-1.5B
+/// decode step). Each output's sum is the same either way, and whatever
+/// the other rows.
+///
+/// # Safety
+/// `out` must point to `[m, n]` floats whose columns `rows` no other
+/// thread touches meanwhile.
+pub(crate) unsafe fn add_row_outliers<V: Fn(usize, usize) -> f32>(
+    act: &ActRows,
+    value: &V,
+    rows: std::ops::Range<usize>,
+    out: SyncPtr,
+    m: usize,
+    n: usize,
+) {
+    let union = &act.outlier_union;
+    if union.is_empty() || rows.is_empty() {
+        return;
+    }
+    assert!(rows.end <= n && act.outlier_count.len() >= m);
+    assert!(union.iter().all(|&at| (at as usize) < act.k));
+    let groups = act.k / 32;
+    COLUMNS.with(|cols| {
+        let mut cols = cols.borrow_mut();
+        cols.resize(rows.len() * union.len(), 0.0);
+        for (i, j) in rows.clone().enumerate() {
+            for (x, &at) in cols[i * union.len()..][..union.len()].iter_mut().zip(union) {
+                *x = value(j, at as usize);
+            }
+        }
+        for c in 0..m {
+            let count = act.outlier_count[c];
+            if count == 0 {
+                continue;
+            }
+            let outliers = &act.outliers[c * groups..][..count];
+            let slots = &act.outlier_slot[c * groups..][..count];
+            for (i, j) in rows.clone().enumerate() {
+                let col = &cols[i * union.len()..][..union.len()];
+                // SAFETY: c < m and j < n (asserted above); the caller
+                // leaves column j to this call.
+                let dot = unsafe { &mut *out.get().add(c * n + j) };
+                for (o, &slot) in outliers.iter().zip(slots) {
+                    *dot += o.x * col[slot as usize];
+                }
+            }
+        }
+    });
+}

@@ -1,0 +1,294 @@
+//! The grouped k-quant kernels for x86-64: AVX2 (`PMADDUBSW` / `PMADDWD`)
+//! and AVX-512 VNNI's `VPDPBUSD` / `VPDPWSSD` on 256-bit vectors (the same
+//! integers, so the same results).
+
+use std::arch::x86_64::*;
+
+use ferrum_types::GgmlType;
+
+use super::{span_at, ActRows, ACT_ROWS, ROWS};
+use crate::cpu::int_dot::{dpbusd, dpwssd, shift16};
+
+/// One grouped format (the parent module describes the layout).
+trait Rows {
+    const BYTES: usize;
+    /// Q6_K: a signed scale per half, unsigned values offset by 32, no
+    /// minimums.
+    const SIXTEENS: bool;
+    /// Parts whose `PMADDUBSW` results fit one 16-bit sum.
+    const RUN: usize;
+    /// The four parts (unsigned bytes, lane = row) of half `h` of span `j`
+    /// of the group block at `g`.
+    unsafe fn parts(g: *const u8, j: usize, h: usize) -> [__m256i; 4];
+}
+
+/// The 4-bit values of half `h` of the span at `at`.
+#[inline(always)]
+unsafe fn nibbles(at: *const u8, h: usize) -> [__m256i; 4] {
+    let mask = _mm256_set1_epi8(0x0F);
+    let mut out = [_mm256_setzero_si256(); 4];
+    for (u, out) in out.iter_mut().enumerate() {
+        let x = _mm256_loadu_si256(at.add(32 * u).cast());
+        *out = _mm256_and_si256(if h == 0 { x } else { _mm256_srli_epi16(x, 4) }, mask);
+    }
+    out
+}
+
+struct Q4K;
+impl Rows for Q4K {
+    const BYTES: usize = 1184;
+    const SIXTEENS: bool = false;
+    const RUN: usize = 4;
+    #[inline(always)]
+    unsafe fn parts(g: *const u8, j: usize, h: usize) -> [__m256i; 4] {
+        nibbles(g.add(span_at(GgmlType::Q4_K, j)), h)
+    }
+}
+
+struct Q5K;
+impl Rows for Q5K {
+    const BYTES: usize = 1440;
+    const SIXTEENS: bool = false;
+    const RUN: usize = 4;
+    #[inline(always)]
+    unsafe fn parts(g: *const u8, j: usize, h: usize) -> [__m256i; 4] {
+        let at = g.add(span_at(GgmlType::Q5_K, j));
+        let mut out = nibbles(at, h);
+        // Bit 4h + u of the plane's bytes moves to bit 4.
+        let plane = _mm256_loadu_si256(at.add(128).cast());
+        let bit = _mm256_set1_epi8(0x10);
+        for (u, part) in out.iter_mut().enumerate() {
+            let high = _mm256_and_si256(shift16(plane, 4 - (4 * h + u) as i32), bit);
+            *part = _mm256_or_si256(*part, high);
+        }
+        out
+    }
+}
+
+struct Q6K;
+impl Rows for Q6K {
+    const BYTES: usize = 1680;
+    const SIXTEENS: bool = true;
+    const RUN: usize = 2;
+    #[inline(always)]
+    unsafe fn parts(g: *const u8, j: usize, h: usize) -> [__m256i; 4] {
+        let at = g.add(span_at(GgmlType::Q6_K, j));
+        let mut out = nibbles(at, h);
+        // Bits 2u, 2u + 1 move to bits 4, 5.
+        let top = _mm256_loadu_si256(at.add(128 + 32 * h).cast());
+        let bits = _mm256_set1_epi8(0x30);
+        for (u, part) in out.iter_mut().enumerate() {
+            let high = _mm256_and_si256(shift16(top, 4 - 2 * u as i32), bits);
+            *part = _mm256_or_si256(*part, high);
+        }
+        out
+    }
+}
+
+/// The four bytes (or two i16) at `p`, in every lane.
+#[inline(always)]
+unsafe fn bcast<T>(p: *const T) -> __m256i {
+    _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
+}
+
+/// Per lane (row), Σ part · activation over one half for `M` rows of 8-bit
+/// activations (`a[c]` at the half's first value).
+#[inline(always)]
+unsafe fn half8<F: Rows, const VNNI: bool, const M: usize>(
+    parts: &[__m256i; 4],
+    a: [*const i8; M],
+) -> [__m256i; M] {
+    let zero = _mm256_setzero_si256();
+    let mut x = [zero; M];
+    for c in 0..M {
+        if VNNI {
+            for (u, &p) in parts.iter().enumerate() {
+                x[c] = dpbusd(x[c], p, bcast(a[c].add(4 * u)));
+            }
+        } else {
+            let ones = _mm256_set1_epi16(1);
+            for run in 0..4 / F::RUN {
+                let mut s = zero;
+                for (i, &p) in parts[F::RUN * run..][..F::RUN].iter().enumerate() {
+                    let av = bcast(a[c].add(4 * (F::RUN * run + i)));
+                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(p, av));
+                }
+                x[c] = _mm256_add_epi32(x[c], _mm256_madd_epi16(s, ones));
+            }
+        }
+    }
+    x
+}
+
+/// [`half8`] for 16-bit activations (runs of four stored 0, 2, 1, 3): each
+/// part split into its even and odd values as i16 lanes (Q6_K's made
+/// signed), each multiplied by a broadcast pair.
+#[inline(always)]
+unsafe fn half16<F: Rows, const VNNI: bool, const M: usize>(
+    parts: &[__m256i; 4],
+    a: [*const i16; M],
+) -> [__m256i; M] {
+    let mut x = [_mm256_setzero_si256(); M];
+    let low = _mm256_set1_epi16(0x00FF);
+    for (u, &p) in parts.iter().enumerate() {
+        let (mut even, mut odd) = (_mm256_and_si256(p, low), _mm256_srli_epi16(p, 8));
+        if F::SIXTEENS {
+            let offset = _mm256_set1_epi16(32);
+            (even, odd) = (
+                _mm256_sub_epi16(even, offset),
+                _mm256_sub_epi16(odd, offset),
+            );
+        }
+        for c in 0..M {
+            let (pe, po) = (bcast(a[c].add(4 * u)), bcast(a[c].add(4 * u + 2)));
+            x[c] = if VNNI {
+                dpwssd(dpwssd(x[c], even, pe), odd, po)
+            } else {
+                let y = _mm256_add_epi32(_mm256_madd_epi16(even, pe), _mm256_madd_epi16(odd, po));
+                _mm256_add_epi32(x[c], y)
+            };
+        }
+    }
+    x
+}
+
+/// One span's lane sums for both halves.
+#[inline(always)]
+unsafe fn span<F: Rows, const VNNI: bool, const M: usize>(
+    g: *const u8,
+    j: usize,
+    act: &ActRows,
+    at: [usize; M],
+) -> [[__m256i; M]; 2] {
+    let mut x = [[_mm256_setzero_si256(); M]; 2];
+    for (h, x) in x.iter_mut().enumerate() {
+        let parts = F::parts(g, j, h);
+        if act.a8 {
+            let mut a = [act.q8.as_ptr(); M];
+            for c in 0..M {
+                a[c] = a[c].add(at[c] + 16 * h);
+            }
+            *x = half8::<F, VNNI, M>(&parts, a);
+            if F::SIXTEENS {
+                // The values' offset of 32 times the half's activation sum.
+                for c in 0..M {
+                    let s = i32::from(*act.sums16.as_ptr().add((at[c] + 16 * h) / 16));
+                    x[c] = _mm256_sub_epi32(x[c], _mm256_set1_epi32(32 * s));
+                }
+            }
+        } else {
+            let mut a = [act.qs.as_ptr(); M];
+            for c in 0..M {
+                a[c] = a[c].add(at[c] + 16 * h);
+            }
+            *x = half16::<F, VNNI, M>(&parts, a);
+        }
+    }
+    x
+}
+
+/// `out[c]` = activation row `r0 + c` against the group's eight rows:
+/// per span, `float(Σ)·(d·sc)·d_a`, less Q4_K/Q5_K's `(dmin·m)·(d_a·Σa)`;
+/// Q6_K's two halves scaled each by its own `sc` in float first.
+#[inline(always)]
+unsafe fn group<F: Rows, const VNNI: bool, const M: usize>(
+    g: *const u8,
+    act: &ActRows,
+    r0: usize,
+    out: &mut [[f32; ROWS]; ACT_ROWS],
+) {
+    let (k, stride) = (act.k, act.stride);
+    let mut acc = [_mm256_setzero_ps(); M];
+    for b in 0..k / 256 {
+        let gb = g.add(b * F::BYTES);
+        let d = _mm256_cvtph_ps(_mm_loadu_si128(gb.cast()));
+        let dmin = if F::SIXTEENS {
+            d
+        } else {
+            _mm256_cvtph_ps(_mm_loadu_si128(gb.add(16).cast()))
+        };
+        for j in 0..8 {
+            let mut at = [0; M];
+            for (c, at) in at.iter_mut().enumerate() {
+                *at = (r0 + c) * k + 256 * b + 32 * j;
+            }
+            let [lo, hi] = span::<F, VNNI, M>(gb, j, act, at);
+            let bytes = |o: usize| _mm_loadl_epi64(gb.add(o).cast());
+            for c in 0..M {
+                let q = (r0 + c) * stride + 8 * b + j;
+                let da = _mm256_set1_ps(*act.d.as_ptr().add(q));
+                if F::SIXTEENS {
+                    let sl = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes(16 + 16 * j)));
+                    let sh = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes(24 + 16 * j)));
+                    let x = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(lo[c]),
+                        sl,
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(hi[c]), sh),
+                    );
+                    acc[c] = _mm256_fmadd_ps(x, _mm256_mul_ps(d, da), acc[c]);
+                } else {
+                    let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(32 + 8 * j)));
+                    let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(96 + 8 * j)));
+                    let x = _mm256_cvtepi32_ps(_mm256_add_epi32(lo[c], hi[c]));
+                    let y = _mm256_fmadd_ps(x, _mm256_mul_ps(_mm256_mul_ps(d, sc), da), acc[c]);
+                    let sa = _mm256_set1_ps(*act.s.as_ptr().add(q));
+                    acc[c] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, mn), sa, y);
+                }
+            }
+        }
+    }
+    for c in 0..M {
+        _mm256_storeu_ps(out[c].as_mut_ptr(), acc[c]);
+    }
+}
+
+#[inline(always)]
+unsafe fn by_type<const VNNI: bool>(
+    ty: GgmlType,
+    g: *const u8,
+    act: &ActRows,
+    r0: usize,
+    m: usize,
+    out: &mut [[f32; ROWS]; ACT_ROWS],
+) {
+    macro_rules! run {
+        ($f:ty) => {
+            match m {
+                1 => group::<$f, VNNI, 1>(g, act, r0, out),
+                2 => group::<$f, VNNI, 2>(g, act, r0, out),
+                3 => group::<$f, VNNI, 3>(g, act, r0, out),
+                _ => group::<$f, VNNI, 4>(g, act, r0, out),
+            }
+        };
+    }
+    match ty {
+        GgmlType::Q4_K => run!(Q4K),
+        GgmlType::Q5_K => run!(Q5K),
+        GgmlType::Q6_K => run!(Q6K),
+        _ => unreachable!("k-quant dot_group called for {ty}"),
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_group_avx2(
+    ty: GgmlType,
+    g: *const u8,
+    act: &ActRows,
+    r0: usize,
+    m: usize,
+    out: &mut [[f32; ROWS]; ACT_ROWS],
+) {
+    by_type::<false>(ty, g, act, r0, m, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn dot_group_vnni(
+    ty: GgmlType,
+    g: *const u8,
+    act: &ActRows,
+    r0: usize,
+    m: usize,
+    out: &mut [[f32; ROWS]; ACT_ROWS],
+) {
+    by_type::<true>(ty, g, act, r0, m, out)
+}
