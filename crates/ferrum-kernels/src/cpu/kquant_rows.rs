@@ -67,6 +67,13 @@ const ACT_ROWS: usize = 4;
 /// Groups per parallel task.
 const GROUPS_PER_TASK: usize = 4;
 
+/// Up to this many activation rows, their 8-bit outliers are added per
+/// group, eight rows' weights dequantized at once while the group is in
+/// cache; for more, the shared outlier pass dequantizes each distinct
+/// position once (`super::outliers`). Both add the same products in the
+/// same order.
+const GROUP_OUTLIERS_MAX_M: usize = 8;
+
 /// Values per activation scale, for either width.
 pub(crate) const ACT_GROUP: usize = 32;
 
@@ -262,7 +269,9 @@ pub(crate) fn quantize(act: &mut ActRows, a: &[f32], m: usize, k: usize, a8: boo
         for (q, s) in act.q8[..m * k].chunks_exact(16).zip(act.sums16.iter_mut()) {
             *s = q.iter().map(|&v| i16::from(v)).sum();
         }
-        super::outliers::index(act, m);
+        if m > GROUP_OUTLIERS_MAX_M {
+            super::outliers::index(act, m);
+        }
     } else {
         act.quantize(a, m, k, ACT_GROUP);
         for run in act.qs[..m * k].chunks_exact_mut(4) {
@@ -288,16 +297,22 @@ pub(crate) fn gemm(act: &ActRows, w: &[u8], ty: GgmlType, out: &mut [f32], m: us
     let gb = k / 256 * group_bytes(ty);
     let groups = n.div_ceil(ROWS);
     let tasks = groups.div_ceil(GROUPS_PER_TASK);
-    let value = value_at(w, ty, k);
+    // Checked once here for every group's outliers.
+    assert!(!act.a8 || (0..m).all(|r| act.row_outliers(r).iter().all(|o| (o.at as usize) < k)));
     for block in act.blocks(m) {
         (0..tasks).into_par_iter().for_each(|t| {
             let mut res = [[0f32; ROWS]; ACT_ROWS];
-            let gs = t * GROUPS_PER_TASK..((t + 1) * GROUPS_PER_TASK).min(groups);
-            for g in gs.clone() {
+            for g in t * GROUPS_PER_TASK..((t + 1) * GROUPS_PER_TASK).min(groups) {
+                let gw = &w[g * gb..][..gb];
                 let (j0, valid) = (g * ROWS, ROWS.min(n - g * ROWS));
                 for r0 in block.clone().step_by(ACT_ROWS) {
                     let rows = ACT_ROWS.min(block.end - r0);
-                    dot_group(ty, &w[g * gb..][..gb], act, r0, rows, &mut res);
+                    dot_group(ty, gw, act, r0, rows, &mut res);
+                    if act.a8 && m <= GROUP_OUTLIERS_MAX_M {
+                        for (c, res) in res[..rows].iter_mut().enumerate() {
+                            group_outliers(ty, gw, act, r0 + c, res);
+                        }
+                    }
                     for (c, res) in res[..rows].iter().enumerate() {
                         // SAFETY: row r0 + c < m and columns j0..j0 + valid
                         // ≤ n of `out` ([m, n], asserted); only this task
@@ -309,16 +324,10 @@ pub(crate) fn gemm(act: &ActRows, w: &[u8], ty: GgmlType, out: &mut [f32], m: us
                     }
                 }
             }
-            if act.a8 && m <= ACT_ROWS * 2 {
-                let rows = gs.start * ROWS..(gs.end * ROWS).min(n);
-                // SAFETY: `out` is `[m, n]`; only this task writes columns
-                // `rows`.
-                unsafe { super::outliers::add_row_outliers(act, &value, rows, ptr, m, n) };
-            }
         });
     }
-    if act.a8 && m > ACT_ROWS * 2 {
-        super::outliers::add_outliers(act, value, out, m, n);
+    if act.a8 && m > GROUP_OUTLIERS_MAX_M {
+        super::outliers::add_outliers(act, value_at(w, ty, k), out, m, n);
     }
 }
 
@@ -346,6 +355,27 @@ fn dot_group(
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (ty, gw, act, r0, m, out);
+        unreachable!("supports() is false off x86-64");
+    }
+}
+
+/// Adds activation row `r`'s 8-bit outliers times the group's weights at
+/// their positions to `res`.
+fn group_outliers(ty: GgmlType, gw: &[u8], act: &ActRows, r: usize, res: &mut [f32; ROWS]) {
+    let outliers = act.row_outliers(r);
+    if outliers.is_empty() {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `supports` checked AVX2/FMA/F16C; `gemm` checked that every
+    // outlier is below `k`, so its super-block lies in `gw` (whose length
+    // `dot_group` asserted).
+    unsafe {
+        x86::add_outliers(ty, gw.as_ptr(), outliers, res)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (ty, gw, res);
         unreachable!("supports() is false off x86-64");
     }
 }
@@ -388,6 +418,38 @@ mod tests {
                 }
             }
             assert!(repack(&bytes[1..], ty, n, k).is_err(), "short input");
+        }
+    }
+
+    /// The vector dequantization of eight rows at one position (the
+    /// decode-sized outlier path) gives the scalar one's bits (the outlier
+    /// pass's) at every position of every type.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn eight_rows_dequantize_as_one() {
+        if !super::supports(GgmlType::Q4_K) {
+            eprintln!("skipped: no AVX2");
+            return;
+        }
+        for (seed, ty) in TYPES.into_iter().enumerate() {
+            let bytes = random_blocks(ty, ROWS, seed as u64 + 7).unwrap_or_default();
+            let words = repack(&bytes, ty, ROWS, 256).unwrap_or_else(|e| panic!("{e}"));
+            let w = crate::packed_bytes(&words);
+            for v in 0..256 {
+                let mut got = [0f32; ROWS];
+                // SAFETY: AVX2 checked; `w` is one group block.
+                unsafe {
+                    let x = super::x86::values8(ty, w.as_ptr(), v);
+                    std::arch::x86_64::_mm256_storeu_ps(got.as_mut_ptr(), x);
+                }
+                for (r, got) in got.iter().enumerate() {
+                    assert_eq!(
+                        got.to_bits(),
+                        value(ty, w, r, v).to_bits(),
+                        "{ty} row {r} value {v}"
+                    );
+                }
+            }
         }
     }
 

@@ -242,6 +242,60 @@ unsafe fn group<F: Rows, const VNNI: bool, const M: usize>(
     }
 }
 
+/// The eight rows' values at position `v` (0..256) of the group block at
+/// `g`, rounded exactly as [`super::value`] rounds them (the same f32
+/// operations in the same order), so that outliers added through either
+/// give the same bits.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn values8(ty: GgmlType, g: *const u8, v: usize) -> __m256 {
+    let (j, t) = (v / 32, v % 32);
+    let (half, u, p) = (t / 16, t % 16 / 4, t % 4);
+    let at = g.add(span_at(ty, j));
+    // Byte p of each row's word, shifted right by `s`, as i32 lanes.
+    let field = |o: usize, s: usize, mask: i32| {
+        let x = _mm256_loadu_si256(at.add(o).cast());
+        let x = _mm256_srl_epi32(x, _mm_cvtsi32_si128((8 * p + s) as i32));
+        _mm256_and_si256(x, _mm256_set1_epi32(mask))
+    };
+    let mut q = field(32 * u, 4 * half, 0x0F);
+    let bytes = |o: usize| _mm_loadl_epi64(g.add(o).cast());
+    let d = _mm256_cvtph_ps(_mm_loadu_si128(g.cast()));
+    if ty == GgmlType::Q6_K {
+        q = _mm256_or_si256(q, _mm256_slli_epi32(field(128 + 32 * half, 2 * u, 3), 4));
+        let sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes(16 + 8 * (v / 16))));
+        let q = _mm256_sub_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(32.0));
+        return _mm256_mul_ps(_mm256_mul_ps(d, sc), q);
+    }
+    if ty == GgmlType::Q5_K {
+        q = _mm256_or_si256(q, _mm256_slli_epi32(field(128, 4 * half + u, 1), 4));
+    }
+    let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(32 + 8 * j)));
+    let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(96 + 8 * j)));
+    let dmin = _mm256_cvtph_ps(_mm_loadu_si128(g.add(16).cast()));
+    let dq = _mm256_mul_ps(_mm256_mul_ps(d, sc), _mm256_cvtepi32_ps(q));
+    _mm256_sub_ps(dq, _mm256_mul_ps(dmin, mn))
+}
+
+/// Adds `outliers` (one activation row's) times the group's values at
+/// their positions to `res`, in order: `res += x · w` per outlier, as the
+/// outlier pass adds them.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn add_outliers(
+    ty: GgmlType,
+    g: *const u8,
+    outliers: &[crate::cpu::act_quant::Outlier],
+    res: &mut [f32; ROWS],
+) {
+    let mut acc = _mm256_loadu_ps(res.as_ptr());
+    let gb = super::group_bytes(ty);
+    for o in outliers {
+        let at = o.at as usize;
+        let w = values8(ty, g.add(at / 256 * gb), at % 256);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(o.x), w));
+    }
+    _mm256_storeu_ps(res.as_mut_ptr(), acc);
+}
+
 #[inline(always)]
 unsafe fn by_type<const VNNI: bool>(
     ty: GgmlType,
