@@ -54,7 +54,6 @@ use ferrum_types::{FerrumError, GgmlType, Result};
 use rayon::prelude::*;
 
 use super::act_quant::ActRows;
-use super::outliers::f16_at;
 use super::SyncPtr;
 use crate::quant::scale_min_k4;
 
@@ -222,10 +221,12 @@ pub(crate) fn repack(bytes: &[u8], ty: GgmlType, n: usize, k: usize) -> Result<V
 }
 
 /// Value `v` (0..256) of row `r` of group block `b`, dequantized with the
-/// products rounded as ggml's dequantization rounds them: how the outliers
-/// of 8-bit activations meet their weights.
-#[inline(always)]
+/// products rounded as ggml's dequantization rounds them (how the outliers
+/// of 8-bit activations meet their weights): the scalar reference for the
+/// layout and for the kernels' eight-row dequantization (`x86::values8`).
+#[cfg(test)]
 fn value(ty: GgmlType, b: &[u8], r: usize, v: usize) -> f32 {
+    use super::outliers::f16_at;
     let (at, high, half, u) = place(ty, r, v);
     let mut q = (b[at] >> (4 * half)) & 0x0F;
     match ty {
@@ -245,17 +246,39 @@ fn value(ty: GgmlType, b: &[u8], r: usize, v: usize) -> f32 {
     }
 }
 
-/// Weight row `j`'s value at position `at` of grouped weights `w` (rows of
-/// `k` values of `ty`), for the outlier pass ([`super::outliers`]).
-fn value_at(w: &[u8], ty: GgmlType, k: usize) -> impl Fn(usize, usize) -> f32 + Sync + '_ {
+/// The outlier pass's weights ([`super::outliers::Columns`]) from grouped
+/// weights `w` (rows of `k` values of `ty`): a task's rows are one group,
+/// whose eight values at a position are dequantized in one vector.
+fn columns(w: &[u8], ty: GgmlType, k: usize) -> impl super::outliers::Columns + Sync + '_ {
+    const { assert!(super::outliers::OUTLIER_ROWS == ROWS) };
     let (nb, gb) = (k / 256, group_bytes(ty));
-    move |j, at| {
-        value(
-            ty,
-            &w[((j / ROWS) * nb + at / 256) * gb..][..gb],
-            j % ROWS,
-            at % 256,
-        )
+    move |rows: std::ops::Range<usize>, union: &[u32], cols: &mut [f32]| {
+        let g = rows.start / ROWS;
+        assert!(
+            rows.start.is_multiple_of(ROWS)
+                && rows.len() <= ROWS
+                && cols.len() >= rows.len() * union.len()
+        );
+        let gw = &w[g * nb * gb..][..nb * gb];
+        for (s, &at) in union.iter().enumerate() {
+            let at = at as usize;
+            assert!(at < k);
+            #[cfg(target_arch = "x86_64")]
+            {
+                let mut v = [0f32; ROWS];
+                // SAFETY: `supports` (checked by `gemm`) means AVX2/F16C;
+                // super-block `at / 256` lies in the group (asserted).
+                unsafe {
+                    let x = x86::values8(ty, gw[at / 256 * gb..].as_ptr(), at % 256);
+                    std::arch::x86_64::_mm256_storeu_ps(v.as_mut_ptr(), x);
+                }
+                for (i, v) in v[..rows.len()].iter().enumerate() {
+                    cols[i * union.len() + s] = *v;
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!("supports() is false off x86-64");
+        }
     }
 }
 
@@ -327,7 +350,7 @@ pub(crate) fn gemm(act: &ActRows, w: &[u8], ty: GgmlType, out: &mut [f32], m: us
         });
     }
     if act.a8 && m > GROUP_OUTLIERS_MAX_M {
-        super::outliers::add_outliers(act, value_at(w, ty, k), out, m, n);
+        super::outliers::add_outliers(act, columns(w, ty, k), out, m, n);
     }
 }
 

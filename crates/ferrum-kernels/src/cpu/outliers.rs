@@ -1,8 +1,8 @@
 //! The exact outliers of 8-bit activations ([`ActRows::quantize8`] leaves
 //! them out of the integer dot products) added back, against weights
 //! dequantized at their positions, for the k-quant kernels of either
-//! layout (`kquant_lanes`, `kquant_rows`): each passes how to read one
-//! weight value.
+//! layout (`kquant_lanes`, `kquant_rows`): each passes how to dequantize
+//! a few weight rows at the outlier positions (a [`Columns`] filler).
 
 use rayon::prelude::*;
 
@@ -10,8 +10,26 @@ use super::act_quant::ActRows;
 use super::SyncPtr;
 
 /// Weight rows per outlier task: their values at every outlier position
-/// stay in L1 while each activation row's outliers are added.
-const OUTLIER_ROWS: usize = 8;
+/// stay in L1 while each activation row's outliers are added. (A task's
+/// rows are one group of `kquant_rows`.)
+pub(crate) const OUTLIER_ROWS: usize = 8;
+
+/// Fills `cols[i · union.len() + s]` with weight row `rows.start + i`'s
+/// value at position `union[s]`, rounded as ggml's dequantization rounds
+/// it.
+pub(crate) trait Columns: Fn(std::ops::Range<usize>, &[u32], &mut [f32]) {}
+impl<F: Fn(std::ops::Range<usize>, &[u32], &mut [f32])> Columns for F {}
+
+/// A [`Columns`] filler from a function of one value: `value(j, at)`.
+pub(crate) fn each_value(value: impl Fn(usize, usize) -> f32) -> impl Columns {
+    move |rows: std::ops::Range<usize>, union: &[u32], cols: &mut [f32]| {
+        for (i, j) in rows.enumerate() {
+            for (x, &at) in cols[i * union.len()..][..union.len()].iter_mut().zip(union) {
+                *x = value(j, at as usize);
+            }
+        }
+    }
+}
 
 thread_local! {
     static COLUMNS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -59,15 +77,14 @@ pub(crate) fn index(act: &mut ActRows, m: usize) {
 
 /// Adds each activation row's outliers times their weights to `out`
 /// (`[m, n]`, the kernels' results), in value order: a pass of its own
-/// after a prompt-sized GEMM. `value(j, at)` is weight row `j`'s value at
-/// position `at`, rounded as ggml's dequantization rounds it. The same
+/// after a prompt-sized GEMM, the weights read through `fill`. The same
 /// channels spike in most tokens, so the weights are dequantized once per
 /// distinct outlier position (see [`index`]) rather than once per outlier:
 /// for a 512-token prompt through Qwen2.5-1.5B's down projection, ~1,250
 /// positions for ~5,400 outliers.
-pub(crate) fn add_outliers<V: Fn(usize, usize) -> f32 + Sync>(
+pub(crate) fn add_outliers<C: Columns + Sync>(
     act: &ActRows,
-    value: V,
+    fill: C,
     out: &mut [f32],
     m: usize,
     n: usize,
@@ -77,7 +94,7 @@ pub(crate) fn add_outliers<V: Fn(usize, usize) -> f32 + Sync>(
     (0..n.div_ceil(OUTLIER_ROWS)).into_par_iter().for_each(|t| {
         let rows = t * OUTLIER_ROWS..((t + 1) * OUTLIER_ROWS).min(n);
         // SAFETY: `out` holds `[m, n]`; each task has its own columns.
-        unsafe { add_row_outliers(act, &value, rows, ptr, m, n) }
+        unsafe { add_row_outliers(act, &fill, rows, ptr, m, n) }
     });
 }
 
@@ -90,9 +107,9 @@ pub(crate) fn add_outliers<V: Fn(usize, usize) -> f32 + Sync>(
 /// # Safety
 /// `out` must point to `[m, n]` floats whose columns `rows` no other
 /// thread touches meanwhile.
-pub(crate) unsafe fn add_row_outliers<V: Fn(usize, usize) -> f32>(
+pub(crate) unsafe fn add_row_outliers<C: Columns>(
     act: &ActRows,
-    value: &V,
+    fill: &C,
     rows: std::ops::Range<usize>,
     out: SyncPtr,
     m: usize,
@@ -108,11 +125,7 @@ pub(crate) unsafe fn add_row_outliers<V: Fn(usize, usize) -> f32>(
     COLUMNS.with(|cols| {
         let mut cols = cols.borrow_mut();
         cols.resize(rows.len() * union.len(), 0.0);
-        for (i, j) in rows.clone().enumerate() {
-            for (x, &at) in cols[i * union.len()..][..union.len()].iter_mut().zip(union) {
-                *x = value(j, at as usize);
-            }
-        }
+        fill(rows.clone(), union, &mut cols);
         for c in 0..m {
             let count = act.outlier_count[c];
             if count == 0 {

@@ -151,7 +151,7 @@ fn integer(
 ) {
     let ptr = SyncPtr(out.as_mut_ptr());
     let tasks = n.div_ceil(ROWS_PER_TASK);
-    let value = kquant_lanes::value_at(w, ty, act.k);
+    let value = outliers::each_value(kquant_lanes::value_at(w, ty, act.k));
     for block in act.blocks(m) {
         (0..tasks).into_par_iter().for_each(|t| {
             let mut dots = [[0f32; STREAMING_MAX_M]; ROWS_PER_TASK];
