@@ -48,7 +48,7 @@ use rayon::prelude::*;
 use super::act_quant::ActRows;
 use super::features::has_neon;
 use super::outliers::f16_at;
-use crate::quant::scale_min_k4;
+use crate::quant::{file_quants, scale_min_k4};
 
 /// Whether weights of type `ty` are repacked here (and computed by this
 /// module's kernels) on this CPU.
@@ -72,42 +72,6 @@ fn quants_at(ty: GgmlType) -> usize {
 fn part_of(v: usize) -> (usize, usize) {
     let (j, t) = (v / 32, v % 32);
     (t / 4, 4 * j + t % 4)
-}
-
-/// The unsigned quants of a file block (`q` for Q4_K/Q5_K, `q + 32` for
-/// Q6_K), in value order.
-fn file_quants(ty: GgmlType, b: &[u8]) -> [u8; 256] {
-    let mut q = [0u8; 256];
-    match ty {
-        GgmlType::Q4_K | GgmlType::Q5_K => {
-            let qs = &b[quants_at(ty)..];
-            for c in 0..4 {
-                for i in 0..32 {
-                    let byte = qs[32 * c + i];
-                    q[64 * c + i] = byte & 0x0F;
-                    q[64 * c + 32 + i] = byte >> 4;
-                    if ty == GgmlType::Q5_K {
-                        let qh = b[16 + i];
-                        q[64 * c + i] |= ((qh >> (2 * c)) & 1) << 4;
-                        q[64 * c + 32 + i] |= ((qh >> (2 * c + 1)) & 1) << 4;
-                    }
-                }
-            }
-        }
-        _ => {
-            for half in 0..2 {
-                let (ql, qh) = (&b[64 * half..], &b[128 + 32 * half..]);
-                for l in 0..32 {
-                    let v = 128 * half + l;
-                    q[v] = (ql[l] & 0x0F) | (qh[l] & 3) << 4;
-                    q[v + 32] = (ql[l + 32] & 0x0F) | ((qh[l] >> 2) & 3) << 4;
-                    q[v + 64] = (ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4;
-                    q[v + 96] = (ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4;
-                }
-            }
-        }
-    }
-    q
 }
 
 /// Writes quants `q` (as [`file_quants`] gives them) into block `dst` in

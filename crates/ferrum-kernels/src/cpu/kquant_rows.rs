@@ -55,7 +55,7 @@ use rayon::prelude::*;
 
 use super::act_quant::ActRows;
 use super::SyncPtr;
-use crate::quant::scale_min_k4;
+use crate::quant::{file_quants, scale_min_k4};
 
 /// Weight rows per group: the i32 lanes of a 256-bit vector.
 pub(crate) const ROWS: usize = 8;
@@ -107,42 +107,6 @@ pub(crate) fn span_at(ty: GgmlType, j: usize) -> usize {
 /// whole groups).
 pub(crate) fn weight_bytes(ty: GgmlType, n: usize, k: usize) -> usize {
     n.div_ceil(ROWS) * (k / 256) * group_bytes(ty)
-}
-
-/// The unsigned quants of a file block (`q` for Q4_K/Q5_K, `q + 32` for
-/// Q6_K), in value order.
-fn file_quants(ty: GgmlType, b: &[u8]) -> [u8; 256] {
-    let mut q = [0u8; 256];
-    match ty {
-        GgmlType::Q4_K | GgmlType::Q5_K => {
-            let qs = &b[if ty == GgmlType::Q4_K { 16 } else { 48 }..];
-            for c in 0..4 {
-                for i in 0..32 {
-                    let byte = qs[32 * c + i];
-                    q[64 * c + i] = byte & 0x0F;
-                    q[64 * c + 32 + i] = byte >> 4;
-                    if ty == GgmlType::Q5_K {
-                        let qh = b[16 + i];
-                        q[64 * c + i] |= ((qh >> (2 * c)) & 1) << 4;
-                        q[64 * c + 32 + i] |= ((qh >> (2 * c + 1)) & 1) << 4;
-                    }
-                }
-            }
-        }
-        _ => {
-            for half in 0..2 {
-                let (ql, qh) = (&b[64 * half..], &b[128 + 32 * half..]);
-                for l in 0..32 {
-                    let v = 128 * half + l;
-                    q[v] = (ql[l] & 0x0F) | (qh[l] & 3) << 4;
-                    q[v + 32] = (ql[l + 32] & 0x0F) | ((qh[l] >> 2) & 3) << 4;
-                    q[v + 64] = (ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4;
-                    q[v + 96] = (ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4;
-                }
-            }
-        }
-    }
-    q
 }
 
 /// Where value `v` (0..256) of row `r` sits in a group block of `ty`: the

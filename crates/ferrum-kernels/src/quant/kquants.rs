@@ -1,5 +1,7 @@
 //! The 256-value "k-quant" super-block formats (Q2_K … Q8_K).
 
+use ferrum_types::GgmlType;
+
 use super::f16_at;
 
 /// Scale and min of sub-block `j` from the 12-byte packed 6-bit table of
@@ -14,6 +16,43 @@ pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
             (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
         )
     }
+}
+
+/// The unsigned quants of a Q4_K, Q5_K or Q6_K file block (`q` for
+/// Q4_K/Q5_K, `q + 32` for Q6_K), in value order: what the CPU's repacked
+/// layouts are built from.
+pub(crate) fn file_quants(ty: GgmlType, b: &[u8]) -> [u8; 256] {
+    let mut q = [0u8; 256];
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            let qs = &b[if ty == GgmlType::Q4_K { 16 } else { 48 }..];
+            for c in 0..4 {
+                for i in 0..32 {
+                    let byte = qs[32 * c + i];
+                    q[64 * c + i] = byte & 0x0F;
+                    q[64 * c + 32 + i] = byte >> 4;
+                    if ty == GgmlType::Q5_K {
+                        let qh = b[16 + i];
+                        q[64 * c + i] |= ((qh >> (2 * c)) & 1) << 4;
+                        q[64 * c + 32 + i] |= ((qh >> (2 * c + 1)) & 1) << 4;
+                    }
+                }
+            }
+        }
+        _ => {
+            for half in 0..2 {
+                let (ql, qh) = (&b[64 * half..], &b[128 + 32 * half..]);
+                for l in 0..32 {
+                    let v = 128 * half + l;
+                    q[v] = (ql[l] & 0x0F) | (qh[l] & 3) << 4;
+                    q[v + 32] = (ql[l + 32] & 0x0F) | ((qh[l] >> 2) & 3) << 4;
+                    q[v + 64] = (ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4;
+                    q[v + 96] = (ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4;
+                }
+            }
+        }
+    }
+    q
 }
 
 /// Q2_K: `scales[16] qs[64] d dmin`; each sub-block of 16 has a 4-bit scale
