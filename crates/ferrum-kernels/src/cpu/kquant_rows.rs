@@ -241,7 +241,10 @@ fn columns(w: &[u8], ty: GgmlType, k: usize) -> impl super::outliers::Columns + 
                 }
             }
             #[cfg(not(target_arch = "x86_64"))]
-            unreachable!("supports() is false off x86-64");
+            {
+                let _ = (gw, s);
+                unreachable!("supports() is false off x86-64");
+            }
         }
     }
 }
@@ -374,10 +377,8 @@ mod x86;
 #[cfg(test)]
 mod tests {
     use ferrum_types::GgmlType;
-    use rand::{rngs::StdRng, Rng, SeedableRng};
 
     use super::{group_bytes, repack, value, ROWS};
-    use crate::cpu::act_quant::ActRows;
     use crate::quant::{dequantize, random_blocks};
 
     const TYPES: [GgmlType; 3] = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
@@ -446,7 +447,10 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn kernels_agree_bitwise_and_rows_are_independent() {
+        use rand::{rngs::StdRng, Rng, SeedableRng};
+
         use super::{quantize, supports, x86, ACT_ROWS};
+        use crate::cpu::act_quant::ActRows;
         if !supports(GgmlType::Q4_K) {
             eprintln!("skipped: no AVX2");
             return;
