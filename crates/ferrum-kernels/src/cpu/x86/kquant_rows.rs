@@ -91,15 +91,15 @@ unsafe fn bcast<T>(p: *const T) -> __m256i {
     _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
 }
 
-/// Per lane (row), Σ part · activation over one half for `M` rows of 8-bit
-/// activations (`a[c]` at the half's first value).
+/// Per lane (row), `x` plus Σ part · activation over one half for `M`
+/// rows of 8-bit activations (`a[c]` at the half's first value).
 #[inline(always)]
 unsafe fn half8<F: Rows, const VNNI: bool, const M: usize>(
     parts: &[__m256i; 4],
     a: [*const i8; M],
+    mut x: [__m256i; M],
 ) -> [__m256i; M] {
     let zero = _mm256_setzero_si256();
-    let mut x = [zero; M];
     for c in 0..M {
         if VNNI {
             for (u, &p) in parts.iter().enumerate() {
@@ -127,8 +127,8 @@ unsafe fn half8<F: Rows, const VNNI: bool, const M: usize>(
 unsafe fn half16<F: Rows, const VNNI: bool, const M: usize>(
     parts: &[__m256i; 4],
     a: [*const i16; M],
+    mut x: [__m256i; M],
 ) -> [__m256i; M] {
-    let mut x = [_mm256_setzero_si256(); M];
     let low = _mm256_set1_epi16(0x00FF);
     for (u, &p) in parts.iter().enumerate() {
         let (mut even, mut odd) = (_mm256_and_si256(p, low), _mm256_srli_epi16(p, 8));
@@ -152,7 +152,8 @@ unsafe fn half16<F: Rows, const VNNI: bool, const M: usize>(
     x
 }
 
-/// One span's lane sums for both halves.
+/// One span's lane sums: per half for Q6_K (whose halves have their own
+/// scales), else both halves' in the first.
 #[inline(always)]
 unsafe fn span<F: Rows, const VNNI: bool, const M: usize>(
     g: *const u8,
@@ -160,29 +161,33 @@ unsafe fn span<F: Rows, const VNNI: bool, const M: usize>(
     act: &ActRows,
     at: [usize; M],
 ) -> [[__m256i; M]; 2] {
-    let mut x = [[_mm256_setzero_si256(); M]; 2];
-    for (h, x) in x.iter_mut().enumerate() {
+    let zero = [_mm256_setzero_si256(); M];
+    let mut x = [zero; 2];
+    for h in 0..2 {
         let parts = F::parts(g, j, h);
-        if act.a8 {
+        let start = if F::SIXTEENS { zero } else { x[0] };
+        let y = if act.a8 {
             let mut a = [act.q8.as_ptr(); M];
             for c in 0..M {
                 a[c] = a[c].add(at[c] + 16 * h);
             }
-            *x = half8::<F, VNNI, M>(&parts, a);
+            let mut y = half8::<F, VNNI, M>(&parts, a, start);
             if F::SIXTEENS {
                 // The values' offset of 32 times the half's activation sum.
                 for c in 0..M {
                     let s = i32::from(*act.sums16.as_ptr().add((at[c] + 16 * h) / 16));
-                    x[c] = _mm256_sub_epi32(x[c], _mm256_set1_epi32(32 * s));
+                    y[c] = _mm256_sub_epi32(y[c], _mm256_set1_epi32(32 * s));
                 }
             }
+            y
         } else {
             let mut a = [act.qs.as_ptr(); M];
             for c in 0..M {
                 a[c] = a[c].add(at[c] + 16 * h);
             }
-            *x = half16::<F, VNNI, M>(&parts, a);
-        }
+            half16::<F, VNNI, M>(&parts, a, start)
+        };
+        x[if F::SIXTEENS { h } else { 0 }] = y;
     }
     x
 }
@@ -213,26 +218,34 @@ unsafe fn group<F: Rows, const VNNI: bool, const M: usize>(
                 *at = (r0 + c) * k + 256 * b + 32 * j;
             }
             let [lo, hi] = span::<F, VNNI, M>(gb, j, act, at);
+            // The span's scale vectors, shared by every activation row.
             let bytes = |o: usize| _mm_loadl_epi64(gb.add(o).cast());
+            let (ws, wm) = if F::SIXTEENS {
+                let sl = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes(16 + 16 * j)));
+                let sh = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes(24 + 16 * j)));
+                (sl, sh)
+            } else {
+                let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(32 + 8 * j)));
+                let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(96 + 8 * j)));
+                (_mm256_mul_ps(d, sc), _mm256_mul_ps(dmin, mn))
+            };
             for c in 0..M {
                 let q = (r0 + c) * stride + 8 * b + j;
                 let da = _mm256_set1_ps(*act.d.as_ptr().add(q));
                 if F::SIXTEENS {
-                    let sl = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes(16 + 16 * j)));
-                    let sh = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes(24 + 16 * j)));
+                    // `ws`, `wm`: the low and the high half's scales.
                     let x = _mm256_fmadd_ps(
                         _mm256_cvtepi32_ps(lo[c]),
-                        sl,
-                        _mm256_mul_ps(_mm256_cvtepi32_ps(hi[c]), sh),
+                        ws,
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(hi[c]), wm),
                     );
                     acc[c] = _mm256_fmadd_ps(x, _mm256_mul_ps(d, da), acc[c]);
                 } else {
-                    let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(32 + 8 * j)));
-                    let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(96 + 8 * j)));
-                    let x = _mm256_cvtepi32_ps(_mm256_add_epi32(lo[c], hi[c]));
-                    let y = _mm256_fmadd_ps(x, _mm256_mul_ps(_mm256_mul_ps(d, sc), da), acc[c]);
+                    // Both halves were summed into `lo`.
+                    let x = _mm256_cvtepi32_ps(lo[c]);
+                    let y = _mm256_fmadd_ps(x, _mm256_mul_ps(ws, da), acc[c]);
                     let sa = _mm256_set1_ps(*act.s.as_ptr().add(q));
-                    acc[c] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, mn), sa, y);
+                    acc[c] = _mm256_fnmadd_ps(wm, sa, y);
                 }
             }
         }
