@@ -1,9 +1,12 @@
 """Converts a small Hugging Face folder (an `../shared/fixtures/hf-tiny`
-checkpoint: llama, mixtral, qwen3_moe, phi3, gemma2) into an f32 GGUF file
+checkpoint: llama, mixtral, qwen2, qwen3_moe, phi3, gemma2, deepseek_v2/v3) into an f32 GGUF file
 the way llama.cpp's `convert_hf_to_gguf.py` (and its `conversion/` modules)
 do: their metadata keys and tensor names, Q/K rows permuted to ggml's RoPE
 layout for `llama`, experts stacked into `ffn_*_exps`, Gemma norms stored as
-1 + w, and Llama 3.1 RoPE scaling written as the `rope_freqs.weight` factors.
+1 + w, Llama 3.1 RoPE scaling written as the `rope_freqs.weight` factors,
+YaRN as `rope.scaling.*` keys (DeepSeek's `mscale_all_dim` as 0.1 times it
+in `yarn_log_multiplier`) and DeepSeek V3's router as sigmoid gating with
+groups and the `exp_probs_b` bias.
 llama.cpp's own script needs torch, which this set-up avoids; llama.cpp
 itself reads the result (`scripts/llama_cpp_logits.py`) as the check. The fixtures carry no
 tokenizer, so a byte-fallback SentencePiece vocabulary of the model's size
@@ -54,8 +57,8 @@ def llama3_rope_factors(rope, head_dim):
 
 
 # HF model_type -> GGUF architecture (llama.cpp converts Mixtral as `llama`).
-ARCH = {"llama": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe", "phi3": "phi3", "gemma2": "gemma2",
-        "deepseek_v2": "deepseek2"}
+ARCH = {"llama": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3_moe": "qwen3moe", "phi3": "phi3",
+        "gemma2": "gemma2", "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek2"}
 
 
 def main(src, dst):
@@ -73,7 +76,7 @@ def main(src, dst):
     rope = cfg.get("rope_parameters") or {**(cfg.get("rope_scaling") or {}),
                                           "rope_theta": cfg.get("rope_theta", 10000.0)}
     n_exp = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0
-    mla = mt == "deepseek_v2"
+    mla = mt in ("deepseek_v2", "deepseek_v3")
 
     w = gguf.GGUFWriter(dst, arch)
     # Not the folder's name: llama.cpp keys token attributes on names like "phi3".
@@ -93,7 +96,8 @@ def main(src, dst):
     w.add_rope_freq_base(rope.get("rope_theta", 10000.0))
     if mla:
         rank, rope_d = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
-        w.add_q_lora_rank(cfg["q_lora_rank"])
+        if cfg.get("q_lora_rank"):  # DeepSeek-V2-Lite has a plain q_proj instead
+            w.add_q_lora_rank(cfg["q_lora_rank"])
         w.add_kv_lora_rank(rank)
         w.add_key_length(rank + rope_d)
         w.add_value_length(rank)
@@ -105,6 +109,10 @@ def main(src, dst):
         w.add_expert_weights_scale(cfg["routed_scaling_factor"])
         if cfg.get("norm_topk_prob"):
             w.add_expert_weights_norm(True)
+        if mt == "deepseek_v3":  # noaux_tc: sigmoid scores, groups ranked by their two best
+            w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+            w.add_expert_group_count(cfg["n_group"])
+            w.add_expert_group_used_count(cfg["topk_group"])
     else:
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
@@ -115,6 +123,17 @@ def main(src, dst):
         w.add_expert_used_count(cfg["num_experts_per_tok"])
         if mt == "qwen3_moe":
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    if rope.get("rope_type") == "yarn":  # as llama.cpp's converter writes it
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        for key, add in (("beta_fast", w.add_rope_scaling_yarn_beta_fast),
+                         ("beta_slow", w.add_rope_scaling_yarn_beta_slow),
+                         ("attention_factor", w.add_rope_scaling_yarn_attn_factor)):
+            if rope.get(key) is not None:
+                add(rope[key])
+        if mla and rope.get("mscale_all_dim") is not None:
+            w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
     if mt == "phi3":
         w.add_rope_scaling_orig_ctx_len(cfg.get("original_max_position_embeddings", cfg["max_position_embeddings"]))
         w.add_sliding_window(cfg.get("sliding_window") or 0)
@@ -153,8 +172,12 @@ def main(src, dst):
             a = p + "self_attn."
             nope, v = cfg["qk_nope_head_dim"], cfg["v_head_dim"]
             kv_b = t[a + "kv_b_proj.weight"].reshape(n_head, nope + v, -1)
-            out.update(attn_q_a=t[a + "q_a_proj.weight"], attn_q_a_norm=t[a + "q_a_layernorm.weight"],
-                       attn_q_b=t[a + "q_b_proj.weight"], attn_kv_a_mqa=t[a + "kv_a_proj_with_mqa.weight"],
+            if a + "q_proj.weight" in t:
+                out.update(attn_q=t[a + "q_proj.weight"])
+            else:
+                out.update(attn_q_a=t[a + "q_a_proj.weight"], attn_q_a_norm=t[a + "q_a_layernorm.weight"],
+                           attn_q_b=t[a + "q_b_proj.weight"])
+            out.update(attn_kv_a_mqa=t[a + "kv_a_proj_with_mqa.weight"],
                        attn_kv_a_norm=t[a + "kv_a_layernorm.weight"],
                        # k_b transposed per head [n_head, rank, nope]; v_b [n_head, v, rank].
                        attn_k_b=kv_b[:, :nope, :].transpose(0, 2, 1), attn_v_b=kv_b[:, nope:, :])
@@ -197,6 +220,12 @@ def main(src, dst):
                        ffn_down=t[p + "mlp.down_proj.weight"])
         for name, x in out.items():
             w.add_tensor(f"blk.{i}.{name}.weight", np.ascontiguousarray(x, dtype=np.float32))
+        biases = {"exp_probs_b": f"{p}mlp.gate.e_score_correction_bias"}
+        if mt == "qwen2":
+            biases.update({f"attn_{x}": f"{p}self_attn.{x}_proj.bias" for x in "qkv"})
+        for name, hf in biases.items():
+            if hf in t:
+                w.add_tensor(f"blk.{i}.{name}.bias", np.ascontiguousarray(t[hf], dtype=np.float32))
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -16,9 +16,11 @@ use crate::hf_quant::HfQuant;
 #[derive(Clone, Debug, PartialEq)]
 pub struct RopeParams {
     pub theta: f64,
-    /// `default`, `linear` or `llama3`.
+    /// `default`, `linear`, `llama3`, `longrope` or `yarn`.
     pub rope_type: String,
-    pub factor: f64,
+    /// The scaling factor; absent means 1 (YaRN then derives it from the
+    /// context lengths, as transformers does).
+    pub factor: Option<f64>,
     pub low_freq_factor: f64,
     pub high_freq_factor: f64,
     pub original_max_position_embeddings: Option<usize>,
@@ -27,6 +29,18 @@ pub struct RopeParams {
     /// LongRoPE's per-pair frequency divisors (Phi-3 128K, Phi-3.5).
     pub short_factor: Vec<f64>,
     pub long_factor: Vec<f64>,
+    /// YaRN: cos/sin multiplier when given (else derived from `factor`,
+    /// `mscale` and `mscale_all_dim`).
+    pub attention_factor: Option<f64>,
+    /// YaRN's ramp bounds in rotations (transformers' defaults 32 and 1).
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    /// YaRN (DeepSeek): the magnitude terms of the cos/sin scale and, for
+    /// `mscale_all_dim`, of the softmax scale.
+    pub mscale: Option<f64>,
+    pub mscale_all_dim: Option<f64>,
+    /// YaRN: round the ramp's ends outward to whole dimensions (default).
+    pub truncate: bool,
 }
 
 /// The fields of `config.json` Ferrum reads. Model code turns these into its
@@ -105,7 +119,7 @@ fn rope_from(v: &Value, fallback_theta: f64) -> RopeParams {
             .and_then(Value::as_str)
             .unwrap_or("default")
             .to_string(),
-        factor: f("factor").unwrap_or(1.0),
+        factor: f("factor"),
         low_freq_factor: f("low_freq_factor").unwrap_or(1.0),
         high_freq_factor: f("high_freq_factor").unwrap_or(4.0),
         original_max_position_embeddings: v
@@ -115,6 +129,12 @@ fn rope_from(v: &Value, fallback_theta: f64) -> RopeParams {
         partial_rotary_factor: f("partial_rotary_factor").unwrap_or(1.0),
         short_factor: floats("short_factor"),
         long_factor: floats("long_factor"),
+        attention_factor: f("attention_factor"),
+        beta_fast: f("beta_fast").unwrap_or(32.0),
+        beta_slow: f("beta_slow").unwrap_or(1.0),
+        mscale: f("mscale"),
+        mscale_all_dim: f("mscale_all_dim"),
+        truncate: v.get("truncate").and_then(Value::as_bool).unwrap_or(true),
     }
 }
 
@@ -239,7 +259,7 @@ mod tests {
         let r = c.rope(None);
         assert_eq!(
             (r.theta, r.rope_type.as_str(), r.factor),
-            (500000.0, "llama3", 8.0)
+            (500000.0, "llama3", Some(8.0))
         );
         assert_eq!(r.original_max_position_embeddings, Some(8192));
         assert_eq!((c.head_dim(), c.num_kv_heads()), (16, 4));

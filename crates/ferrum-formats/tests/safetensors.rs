@@ -74,7 +74,7 @@ fn every_fixture_checkpoint_and_config_loads() {
             rs.factor,
             rs.original_max_position_embeddings
         ),
-        ("llama3", 8.0, Some(64))
+        ("llama3", Some(8.0), Some(64))
     );
     let g = HfConfig::load(dir.join("gemma3/config.json")).unwrap();
     assert_eq!(g.rope(Some("sliding_attention")).theta, 1e4);

@@ -29,6 +29,22 @@ pub enum RopeScaling {
         original_max_position: usize,
         attn_factor: f32,
     },
+    /// YaRN (Peng et al., 2023): pairs that turn fewer than `beta_slow`
+    /// times over the original context are interpolated (frequency divided
+    /// by `factor`), those turning more than `beta_fast` times are kept, and
+    /// a linear ramp over the pair index blends the two between; cos/sin
+    /// are scaled by `attn_factor`. As transformers and llama.cpp apply it:
+    /// at every position, not only past the original context.
+    Yarn {
+        factor: f32,
+        original_max_position: usize,
+        beta_fast: f32,
+        beta_slow: f32,
+        /// Round the ramp's ends outward to whole pairs (both references'
+        /// default).
+        truncate: bool,
+        attn_factor: f32,
+    },
     /// Llama 3.1's frequency-dependent scaling.
     Llama3 {
         factor: f32,
@@ -57,8 +73,34 @@ impl RopeSpec {
         let scaling = match p.rope_type.as_str() {
             "default" => RopeScaling::None,
             "linear" => RopeScaling::Linear {
-                factor: p.factor as f32,
+                factor: p.factor.unwrap_or(1.0) as f32,
             },
+            "yarn" => {
+                let orig = p
+                    .original_max_position_embeddings
+                    .ok_or("yarn needs original_max_position_embeddings")?;
+                let factor = yarn_factor(p, max_pos);
+                let attn_factor = match (p.attention_factor, p.mscale, p.mscale_all_dim) {
+                    (Some(a), ..) => a,
+                    (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                        yarn_mscale(factor, m) / yarn_mscale(factor, all)
+                    }
+                    _ => yarn_mscale(factor, 1.0),
+                };
+                if !(factor.is_finite() && factor > 0.0 && orig > 0) {
+                    return Err(format!(
+                        "yarn factor {factor} over {orig} positions is not valid"
+                    ));
+                }
+                RopeScaling::Yarn {
+                    factor: factor as f32,
+                    original_max_position: orig,
+                    beta_fast: p.beta_fast as f32,
+                    beta_slow: p.beta_slow as f32,
+                    truncate: p.truncate,
+                    attn_factor: attn_factor as f32,
+                }
+            }
             "longrope" | "su" => {
                 let orig = p.original_max_position_embeddings.unwrap_or(max_pos);
                 let scale = max_pos as f64 / orig as f64;
@@ -74,14 +116,14 @@ impl RopeSpec {
                 }
             }
             "llama3" => RopeScaling::Llama3 {
-                factor: p.factor as f32,
+                factor: p.factor.unwrap_or(1.0) as f32,
                 low_freq_factor: p.low_freq_factor as f32,
                 high_freq_factor: p.high_freq_factor as f32,
                 original_max_position: p.original_max_position_embeddings.unwrap_or(max_pos) as f32,
             },
             other => {
                 return Err(format!(
-                    "rope type '{other}' is not supported (default, linear, llama3, longrope)"
+                    "rope type '{other}' is not supported (default, linear, llama3, longrope, yarn)"
                 ))
             }
         };
@@ -98,6 +140,27 @@ impl RopeSpec {
             .map(|i| {
                 let base = 1.0 / self.theta.powf((2 * i) as f32 / head_dim as f32);
                 match self.scaling {
+                    RopeScaling::Yarn {
+                        factor,
+                        original_max_position,
+                        beta_fast,
+                        beta_slow,
+                        truncate,
+                        ..
+                    } => {
+                        let (low, high) = yarn_ramp(
+                            self.theta,
+                            head_dim,
+                            original_max_position,
+                            (beta_fast, beta_slow),
+                            truncate,
+                        );
+                        let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                        let keep = 1.0 - ramp;
+                        let pos_freq = self.theta.powf((2 * i) as f32 / head_dim as f32);
+                        let interp = 1.0 / (factor * pos_freq);
+                        interp * (1.0 - keep) + base * keep
+                    }
                     RopeScaling::None => base,
                     RopeScaling::LongRope {
                         ref short,
@@ -158,7 +221,9 @@ impl RopeSpec {
         let half = head_dim / 2;
         inv.resize(half, 0.0);
         let m = match self.scaling {
-            RopeScaling::LongRope { attn_factor, .. } => attn_factor,
+            RopeScaling::LongRope { attn_factor, .. } | RopeScaling::Yarn { attn_factor, .. } => {
+                attn_factor
+            }
             _ => 1.0,
         };
         let mut cos = vec![0f32; positions * half];
@@ -182,6 +247,53 @@ pub fn long_rope_attn_factor(scale: f64, orig: usize) -> f32 {
         return 1.0;
     }
     (1.0 + scale.ln() / (orig as f64).ln()).sqrt() as f32
+}
+
+/// YaRN's magnitude term `0.1 · m · ln s + 1` (1 when not extended).
+pub fn yarn_mscale(scale: f64, m: f64) -> f64 {
+    if scale <= 1.0 {
+        1.0
+    } else {
+        0.1 * m * scale.ln() + 1.0
+    }
+}
+
+/// The YaRN factor of `p`: given, or the ratio of the context lengths
+/// (transformers' rule for configs that leave it out, as DeepSeek V3's may).
+pub fn yarn_factor(p: &RopeParams, max_pos: usize) -> f64 {
+    p.factor.unwrap_or_else(|| {
+        max_pos as f64 / p.original_max_position_embeddings.unwrap_or(max_pos).max(1) as f64
+    })
+}
+
+/// The multiplier DeepSeek's attention applies to its softmax scale under
+/// YaRN: `mscale(factor, mscale_all_dim)²` when `mscale_all_dim` is set
+/// (transformers' `yarn_apply_mscale`), else 1.
+pub fn yarn_softmax_scale(p: &RopeParams, max_pos: usize) -> f32 {
+    match p.mscale_all_dim {
+        Some(all) if all != 0.0 && p.rope_type != "default" => {
+            yarn_mscale(yarn_factor(p, max_pos), all).powi(2) as f32
+        }
+        _ => 1.0,
+    }
+}
+
+/// The pair indices where YaRN's ramp starts and ends (`low`, `high`,
+/// `high > low`): the dimensions that turn `beta_fast` and `beta_slow`
+/// times over `orig` positions, computed in f64 as both references do.
+fn yarn_ramp(theta: f32, dim: usize, orig: usize, beta: (f32, f32), truncate: bool) -> (f32, f32) {
+    let d = dim as f64;
+    let corr = |rotations: f32| {
+        d * (orig as f64 / (rotations as f64 * 2.0 * std::f64::consts::PI)).ln()
+            / (2.0 * (theta as f64).ln())
+    };
+    let (mut low, mut high) = (corr(beta.0), corr(beta.1));
+    if truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, high) = (low.max(0.0) as f32, high.min(d - 1.0) as f32);
+    // transformers' guard against a zero-width ramp.
+    (low, if high == low { high + 0.001 } else { high })
 }
 
 #[cfg(test)]

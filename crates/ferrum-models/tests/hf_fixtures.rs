@@ -1,4 +1,6 @@
-//! Every Llama-family fixture in `../shared/fixtures/hf-tiny` against the
+//! Every Llama-family fixture in `../shared/fixtures/hf-tiny` (and the
+//! three in `tests/data/hf-tiny` that `scripts/make_extra_fixtures.py`
+//! made the same way: YaRN, DeepSeek-V2-Lite, DeepSeek-V3) against the
 //! outputs Hugging Face transformers computed for it (`reference.json`):
 //! the last prompt position's logits, the top-5 logits of every prompt
 //! position, and 16 greedy tokens with the logits that chose each.
@@ -32,12 +34,23 @@ const CAUSAL: &[&str] = &[
     "phi3",
     "gemma2",
     "deepseek-v2",
+    "qwen2-yarn",
+    "deepseek-v2-lite",
+    "deepseek-v3",
 ];
 
+/// A fixture folder: this crate's own (`tests/data/hf-tiny`) or the shared
+/// ones.
 fn fixture(name: &str) -> Option<(PathBuf, Value)> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/hf-tiny")
-        .join(name);
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let own = crate_dir.join("tests/data/hf-tiny").join(name);
+    let dir = if own.is_dir() {
+        own
+    } else {
+        crate_dir
+            .join("../../../shared/fixtures/hf-tiny")
+            .join(name)
+    };
     if !dir.is_dir() {
         eprintln!("skipping: {} not found", dir.display());
         return None;
@@ -167,7 +180,14 @@ fn check_fixtures(dtype: KvDtype, rel: f32) {
 /// Families whose batched paths are checked against single sequences: a
 /// dense one, and the two mixtures of experts (their routing is per token,
 /// their expert GEMMs per batch).
-const BATCHED: &[&str] = &["qwen2", "qwen3-moe", "mixtral", "deepseek-v2"];
+const BATCHED: &[&str] = &[
+    "qwen2",
+    "qwen3-moe",
+    "mixtral",
+    "deepseek-v2",
+    "deepseek-v2-lite",
+    "deepseek-v3",
+];
 
 #[test]
 fn batched_paths_agree_with_single_sequences() {

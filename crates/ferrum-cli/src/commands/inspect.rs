@@ -6,7 +6,8 @@ use clap::Args;
 use ferrum_formats::gguf::GgufFile;
 use ferrum_formats::hf_config::HfConfig;
 use ferrum_formats::safetensors::SafeTensors;
-use ferrum_models::llama::checkpoint_layouts;
+use ferrum_models::llama::{checkpoint_layouts, LlamaConfig};
+use ferrum_models::registry::{family, Family};
 use std::collections::BTreeMap;
 
 use crate::model_files::{resolve, ModelFiles};
@@ -63,6 +64,9 @@ pub fn run(args: InspectArgs) -> Result<()> {
             match cfg.max_position_embeddings {
                 Some(n) => println!("context length: {n}"),
                 None => println!("context length: unknown"),
+            }
+            if matches!(family(&cfg.model_type), Ok(Family::Llama(_))) {
+                print_llama(LlamaConfig::from_hf(&cfg));
             }
             let scheme = cfg
                 .quant()
@@ -139,5 +143,17 @@ fn print_gguf(g: &GgufFile) {
     match g.get_u64(&format!("{arch}.context_length")) {
         Ok(n) => println!("context length: {n}"),
         Err(_) => println!("context length: unknown"),
+    }
+    if matches!(family(arch), Ok(Family::Llama(_))) {
+        print_llama(LlamaConfig::from_gguf(g));
+    }
+}
+
+/// The parsed description of a Llama-shaped model, or why Ferrum cannot
+/// run it (the error loading would give).
+fn print_llama(cfg: ferrum_types::Result<LlamaConfig>) {
+    match cfg {
+        Ok(c) => c.describe().iter().for_each(|l| println!("{l}")),
+        Err(e) => println!("supported:      no ({e})"),
     }
 }

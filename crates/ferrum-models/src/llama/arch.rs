@@ -23,6 +23,9 @@ pub enum Arch {
     Gemma3,
     /// Multi-head latent attention and a mixture with a shared expert.
     DeepseekV2,
+    /// DeepSeek V2's blocks with the sigmoid `noaux_tc` router. GGUF files
+    /// of both say `deepseek2` (and their router in `expert_gating_func`).
+    DeepseekV3,
 }
 
 /// Architecture names as GGUF (`general.architecture`) and Hugging Face
@@ -41,6 +44,7 @@ pub const NAMES: &[(&str, Arch)] = &[
     ("gemma3_text", Arch::Gemma3),
     ("deepseek_v2", Arch::DeepseekV2),
     ("deepseek2", Arch::DeepseekV2),
+    ("deepseek_v3", Arch::DeepseekV3),
 ];
 
 /// Which layers use the sliding window in a GGUF file (which records only
@@ -94,6 +98,9 @@ pub struct Traits {
     pub moe: Option<MoeNames>,
     /// Attention through a compressed latent KV (DeepSeek V2); see `mla.rs`.
     pub latent_attention: bool,
+    /// `config.json`'s router is DeepSeek V3's (sigmoid scores with a
+    /// selection bias, `noaux_tc`); see `config::Scoring`.
+    pub sigmoid_router: bool,
 }
 
 const LLAMA: Traits = Traits {
@@ -107,6 +114,17 @@ const LLAMA: Traits = Traits {
     gguf_permuted_qk: false,
     moe: None,
     latent_attention: false,
+    sigmoid_router: false,
+};
+
+const DEEPSEEK: Traits = Traits {
+    moe: Some(MoeNames {
+        block: "mlp",
+        gate_up_down: ["gate_proj", "up_proj", "down_proj"],
+        always_renormalise: false,
+    }),
+    latent_attention: true,
+    ..LLAMA
 };
 
 impl Arch {
@@ -158,14 +176,10 @@ impl Arch {
                 gemma: true,
                 ..LLAMA
             },
-            Arch::DeepseekV2 => Traits {
-                moe: Some(MoeNames {
-                    block: "mlp",
-                    gate_up_down: ["gate_proj", "up_proj", "down_proj"],
-                    always_renormalise: false,
-                }),
-                latent_attention: true,
-                ..LLAMA
+            Arch::DeepseekV2 => DEEPSEEK,
+            Arch::DeepseekV3 => Traits {
+                sigmoid_router: true,
+                ..DEEPSEEK
             },
             Arch::Gemma3 => Traits {
                 hf_window: true,

@@ -7,7 +7,7 @@ use ferrum_types::{FerrumError, Result};
 
 use super::arch::Arch;
 use crate::registry::llama_arch;
-use crate::rope::{long_rope_attn_factor, RopeScaling, RopeSpec};
+use crate::rope::{long_rope_attn_factor, yarn_mscale, yarn_softmax_scale, RopeScaling, RopeSpec};
 
 /// A mixture-of-experts MLP: a router picks `top_k` of `experts` gated
 /// MLPs per token and mixes their outputs by its softmax weights.
@@ -30,8 +30,21 @@ pub struct MoeConfig {
     /// (DeepSeek), if any.
     pub shared_intermediate: Option<usize>,
     /// Group-limited selection: experts in `(n_group, topk_group)` groups,
-    /// chosen only from the best groups (DeepSeek V2).
+    /// chosen only from the best groups (DeepSeek V2 and V3).
     pub groups: Option<(usize, usize)>,
+    pub scoring: Scoring,
+}
+
+/// How a router's logits become the experts' scores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scoring {
+    /// Softmax over all experts (Mixtral, Qwen3-MoE, DeepSeek V2); groups
+    /// are ranked by their best score.
+    Softmax,
+    /// Each logit's sigmoid, with a learned per-expert bias added for the
+    /// choice only (DeepSeek V3's `noaux_tc`); groups are ranked by the sum
+    /// of their two best biased scores.
+    Sigmoid,
 }
 
 /// Multi-head latent attention (DeepSeek V2): queries through a low-rank
@@ -40,7 +53,8 @@ pub struct MoeConfig {
 /// `kv_lora_rank + rope` values per token (see `mla.rs`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct MlaConfig {
-    pub q_lora_rank: usize,
+    /// `None`: queries by one full projection (DeepSeek-V2-Lite).
+    pub q_lora_rank: Option<usize>,
     pub kv_lora_rank: usize,
     pub nope: usize,
     pub rope: usize,
@@ -142,6 +156,57 @@ fn rope_factors(g: &GgufFile, name: &str, rotary: usize) -> Result<Option<Vec<f3
     Ok(Some(f))
 }
 
+/// YaRN from llama.cpp's `rope.scaling.*` keys, read as llama.cpp reads
+/// them: cos/sin scaled by `0.1 ln factor + 1`, except in DeepSeek files
+/// (`yarn_log_multiplier`, written as `0.1 · mscale_all_dim`), whose
+/// converter assumes `mscale = mscale_all_dim`, so the two magnitude terms
+/// cancel (the softmax scale takes them instead: [`gguf_softmax_scale`]).
+/// An explicit `yarn_attn_factor` wins, as transformers' `attention_factor`
+/// does; `attn_factor` multiplies the result, as in llama.cpp.
+fn gguf_yarn(g: &GgufFile, name: &str, arch: Arch) -> Result<RopeScaling> {
+    let key = |k: &str| format!("{name}.rope.scaling.{k}");
+    let f = |k: &str| g.get_f64(&key(k)).ok();
+    let factor = f("factor").unwrap_or(1.0);
+    let ctx = g.get_u64(&format!("{name}.context_length")).unwrap_or(4096) as usize;
+    let orig = g
+        .get_u64(&key("original_context_length"))
+        .map_or(ctx, |v| v as usize);
+    if !(factor.is_finite() && factor > 0.0 && orig > 0) {
+        return Err(g.error(format!(
+            "yarn factor {factor} over {orig} positions is not valid"
+        )));
+    }
+    let deepseek_log_mul = arch.traits().latent_attention && f("yarn_log_multiplier").is_some();
+    let attn_factor = match f("yarn_attn_factor") {
+        Some(a) => a,
+        None if deepseek_log_mul => 1.0,
+        None => yarn_mscale(factor, 1.0),
+    } * f("attn_factor").unwrap_or(1.0);
+    Ok(RopeScaling::Yarn {
+        factor: factor as f32,
+        original_max_position: orig,
+        beta_fast: f("yarn_beta_fast").unwrap_or(32.0) as f32,
+        beta_slow: f("yarn_beta_slow").unwrap_or(1.0) as f32,
+        truncate: true,
+        attn_factor: attn_factor as f32,
+    })
+}
+
+/// DeepSeek's YaRN softmax multiplier `mscale(factor, mscale_all_dim)²`
+/// from a GGUF file (`yarn_log_multiplier` holds `0.1 · mscale_all_dim`),
+/// 1 without YaRN.
+fn gguf_softmax_scale(g: &GgufFile, name: &str) -> f32 {
+    let key = |k: &str| format!("{name}.rope.scaling.{k}");
+    let yarn = g.get(&key("type")).and_then(|v| v.as_str()) == Some("yarn");
+    match (yarn, g.get_f64(&key("yarn_log_multiplier"))) {
+        (true, Ok(m)) => {
+            let factor = g.get_f64(&key("factor")).unwrap_or(1.0);
+            yarn_mscale(factor, m / 0.1).powi(2) as f32
+        }
+        _ => 1.0,
+    }
+}
+
 fn bad(what: impl Into<String>) -> FerrumError {
     FerrumError::invalid(what.into())
 }
@@ -178,6 +243,58 @@ impl LlamaConfig {
             m.check()?;
         }
         Ok(self)
+    }
+
+    /// What sets this model apart, for `ferrum inspect`: attention kind,
+    /// RoPE scaling, experts and routing (one `label: text` per line).
+    pub fn describe(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        out.push(match &self.mla {
+            Some(m) => format!(
+                "attention:      latent (kv rank {} + {} rope dims cached per token{})",
+                m.kv_lora_rank,
+                m.rope,
+                m.q_lora_rank
+                    .map_or(String::new(), |r| format!(", q rank {r}"))
+            ),
+            None => format!(
+                "attention:      {} heads / {} kv, head_dim {}",
+                self.heads, self.kv_heads, self.head_dim
+            ),
+        });
+        let rope = match &self.rope.scaling {
+            RopeScaling::None => "plain".to_string(),
+            RopeScaling::Linear { factor } => format!("linear x{factor}"),
+            RopeScaling::Factors(_) => "per-pair factors (rope_freqs)".to_string(),
+            RopeScaling::LongRope {
+                original_max_position,
+                ..
+            } => format!("LongRoPE (original {original_max_position})"),
+            RopeScaling::Llama3 { factor, .. } => format!("llama3 x{factor}"),
+            RopeScaling::Yarn {
+                factor,
+                original_max_position,
+                ..
+            } => format!("YaRN x{factor} (original {original_max_position})"),
+        };
+        out.push(format!("rope:           θ {}, {rope}", self.rope.theta));
+        if let Some(m) = &self.moe {
+            let router = match m.scoring {
+                Scoring::Softmax => "softmax",
+                Scoring::Sigmoid => "sigmoid + bias",
+            };
+            let groups = m
+                .groups
+                .map_or(String::new(), |(g, k)| format!(", best {k} of {g} groups"));
+            let shared = m
+                .shared_intermediate
+                .map_or(String::new(), |w| format!(", shared expert width {w}"));
+            out.push(format!(
+                "experts:        {} of {} per token (width {}), {router} router{groups}{shared}",
+                m.top_k, m.experts, m.intermediate
+            ));
+        }
+        out
     }
 
     /// From a Hugging Face config; `model_type` selects the variant.
@@ -250,8 +367,16 @@ impl LlamaConfig {
                     routed_scale: c.routed_scaling_factor.unwrap_or(1.0) as f32,
                     shared_intermediate: c.n_shared_experts.filter(|&n| n > 0).map(|n| n * eim),
                     groups: match (c.topk_method.as_deref(), c.n_group, c.topk_group) {
-                        (Some("group_limited_greedy"), Some(g), Some(k)) => Some((g, k)),
+                        (Some("group_limited_greedy" | "noaux_tc"), Some(g), Some(k)) => {
+                            Some((g, k))
+                        }
+                        (None, Some(g), Some(k)) if t.sigmoid_router => Some((g, k)),
                         _ => None,
+                    },
+                    scoring: if t.sigmoid_router {
+                        Scoring::Sigmoid
+                    } else {
+                        Scoring::Softmax
                     },
                 }
             }),
@@ -271,17 +396,23 @@ impl LlamaConfig {
             v.filter(|&x| x > 0)
                 .ok_or_else(|| bad(format!("config.json needs a positive {name}")))
         };
-        if let Some(m) = c
-            .topk_method
-            .as_deref()
-            .filter(|m| !matches!(*m, "greedy" | "group_limited_greedy"))
-        {
+        let sigmoid = self.arch.traits().sigmoid_router;
+        let method = c.topk_method.as_deref();
+        let known = match method {
+            None => true,
+            Some("greedy" | "group_limited_greedy") => !sigmoid,
+            Some("noaux_tc") => sigmoid,
+            Some(_) => false,
+        };
+        if !known {
             return Err(bad(format!(
-                "expert selection {m:?} is not supported (greedy and group_limited_greedy are)"
+                "expert selection {method:?} is not supported for {:?} (DeepSeek V2: greedy, \
+                 group_limited_greedy; V3: noaux_tc)",
+                self.arch
             )));
         }
         let mla = MlaConfig {
-            q_lora_rank: need(c.q_lora_rank, "q_lora_rank")?,
+            q_lora_rank: c.q_lora_rank.filter(|&r| r > 0),
             kv_lora_rank: need(c.kv_lora_rank, "kv_lora_rank")?,
             nope: need(c.qk_nope_head_dim, "qk_nope_head_dim")?,
             rope: need(c.qk_rope_head_dim, "qk_rope_head_dim")?,
@@ -290,7 +421,9 @@ impl LlamaConfig {
         if !mla.rope.is_multiple_of(2) {
             return Err(bad(format!("qk_rope_head_dim {} is odd", mla.rope)));
         }
-        self.attn_scale = 1.0 / ((mla.nope + mla.rope) as f32).sqrt();
+        let max_pos = c.max_position_embeddings.unwrap_or(4096);
+        self.attn_scale =
+            yarn_softmax_scale(&c.rope(None), max_pos) / ((mla.nope + mla.rope) as f32).sqrt();
         self.kv_heads = 1;
         self.head_dim = mla.kv_lora_rank + mla.rope;
         self.rotary_dims = mla.rope;
@@ -331,6 +464,7 @@ impl LlamaConfig {
             (Some("linear"), _) => RopeScaling::Linear {
                 factor: g.get_f64(&key("rope.scaling.factor")).unwrap_or(1.0) as f32,
             },
+            (Some("yarn"), _) => gguf_yarn(g, &name, arch)?,
             (_, (Some(short), Some(long))) => {
                 let ctx = u("context_length").unwrap_or(4096);
                 let orig = u("rope.scaling.original_context_length").unwrap_or(ctx);
@@ -372,7 +506,20 @@ impl LlamaConfig {
                     .ok()
                     .filter(|&n| n > 0)
                     .map(|n| n * eim),
-                groups: None,
+                groups: match (u("expert_group_count"), u("expert_group_used_count")) {
+                    (Ok(g), Ok(k)) if g > 1 => Some((g, k)),
+                    _ => None,
+                },
+                // llama.cpp's `expert_gating_func`: 1 softmax, 2 sigmoid.
+                scoring: match u("expert_gating_func").unwrap_or(1) {
+                    1 => Scoring::Softmax,
+                    2 => Scoring::Sigmoid,
+                    other => {
+                        return Err(g.error(format!(
+                            "expert_gating_func {other} is not supported (1 softmax, 2 sigmoid)"
+                        )))
+                    }
+                },
             })
         } else {
             None
@@ -386,7 +533,8 @@ impl LlamaConfig {
                 )));
             }
             Some(MlaConfig {
-                q_lora_rank: u("attention.q_lora_rank")?,
+                // Absent in DeepSeek-V2-Lite files (a plain `attn_q`).
+                q_lora_rank: u("attention.q_lora_rank").ok().filter(|&r| r > 0),
                 kv_lora_rank: u("attention.kv_lora_rank")?,
                 nope: qk - rope,
                 rope,
@@ -422,7 +570,7 @@ impl LlamaConfig {
             qkv_bias: g.tensor("blk.0.attn_q.bias").is_some(),
             qk_norm: g.tensor("blk.0.attn_q_norm.weight").is_some(),
             attn_scale: match &mla {
-                Some(m) => 1.0 / ((m.nope + m.rope) as f32).sqrt(),
+                Some(m) => gguf_softmax_scale(g, &name) / ((m.nope + m.rope) as f32).sqrt(),
                 None => 1.0 / (head_dim as f32).sqrt(),
             },
             embed_scale: gemma.then(|| (hidden as f32).sqrt()),
@@ -452,6 +600,65 @@ impl LlamaConfig {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// The Hub's DeepSeek-V2-Lite and V3 `config.json` keys (older
+    /// `rope_scaling` spelling, `q_lora_rank: null`, `noaux_tc`).
+    #[test]
+    fn deepseek_hub_configs_are_read() {
+        const LITE: &str = r#"{"model_type": "deepseek_v2", "hidden_size": 64, "intermediate_size": 128,
+                "num_hidden_layers": 3, "num_attention_heads": 4, "vocab_size": 32,
+                "max_position_embeddings": 163840, "rope_theta": 10000,
+                "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                                 "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+                "q_lora_rank": null, "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                "v_head_dim": 16, "n_routed_experts": 8, "num_experts_per_tok": 2,
+                "moe_intermediate_size": 32, "n_shared_experts": 2, "first_k_dense_replace": 1,
+                "topk_method": "greedy", "scoring_func": "softmax"}"#;
+        // LITE with `over`'s keys replaced.
+        let with = |over: &str| {
+            let mut v: serde_json::Value = serde_json::from_str(LITE).unwrap();
+            let o: serde_json::Value = serde_json::from_str(over).unwrap();
+            for (k, x) in o.as_object().unwrap() {
+                v[k] = x.clone();
+            }
+            HfConfig::parse(&v.to_string()).unwrap()
+        };
+        let cfg = LlamaConfig::from_hf(&with("{}")).unwrap();
+        assert_eq!(cfg.mla.as_ref().unwrap().q_lora_rank, None);
+        let RopeScaling::Yarn {
+            factor,
+            original_max_position,
+            attn_factor,
+            ..
+        } = cfg.rope.scaling
+        else {
+            panic!("{:?}", cfg.rope.scaling);
+        };
+        // mscale == mscale_all_dim: cos/sin unscaled; the softmax scale
+        // takes (0.0707 ln 40 + 1)^2 over sqrt(16 + 8).
+        assert_eq!(
+            (factor, original_max_position, attn_factor),
+            (40.0, 4096, 1.0)
+        );
+        let m = 0.1 * 0.707 * 40f64.ln() + 1.0;
+        assert!((cfg.attn_scale as f64 - m * m / 24f64.sqrt()).abs() < 1e-6);
+        assert_eq!(cfg.moe.as_ref().unwrap().scoring, Scoring::Softmax);
+
+        let v3 = with(
+            r#"{"model_type": "deepseek_v3", "q_lora_rank": 32, "topk_method": "noaux_tc",
+                "scoring_func": "sigmoid", "n_group": 4, "topk_group": 2, "norm_topk_prob": true,
+                "routed_scaling_factor": 2.5}"#,
+        );
+        let moe = LlamaConfig::from_hf(&v3).unwrap().moe.unwrap();
+        assert_eq!(
+            (moe.scoring, moe.groups, moe.norm_top_k, moe.routed_scale),
+            (Scoring::Sigmoid, Some((4, 2)), true, 2.5)
+        );
+        // V3's router under V2's name is refused, not run as V2's.
+        let wrong = with(r#"{"topk_method": "noaux_tc"}"#);
+        let e = LlamaConfig::from_hf(&wrong).unwrap_err().to_string();
+        assert!(e.contains("noaux_tc"), "{e}");
+    }
 
     #[test]
     fn phi3_long_rope_config_is_read() {

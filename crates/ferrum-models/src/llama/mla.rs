@@ -26,12 +26,23 @@ use ferrum_types::Result;
 use super::config::MlaConfig;
 use super::weights::Linear;
 
-pub struct MlaWeights<B: Backend> {
+/// How a token's queries (`[heads · (nope + rope)]`, rows reordered per
+/// head for the rotate-half kernel) come from its hidden state.
+pub enum MlaQuery<B: Backend> {
     /// `[q_lora_rank, hidden]`, its RMSNorm, then `[heads · (nope + rope),
-    /// q_lora_rank]` (rows reordered per head for the rotate-half kernel).
-    pub q_a: Linear<B>,
-    pub q_a_norm: B::Buffer,
-    pub q_b: Linear<B>,
+    /// q_lora_rank]` (DeepSeek V2, V3).
+    LowRank {
+        rank: usize,
+        a: Linear<B>,
+        norm: B::Buffer,
+        b: Linear<B>,
+    },
+    /// One `[heads · (nope + rope), hidden]` projection (V2-Lite).
+    Full(Linear<B>),
+}
+
+pub struct MlaWeights<B: Backend> {
+    pub query: MlaQuery<B>,
     /// The latent `[kv_lora_rank, hidden]` and its RMSNorm; the shared rope
     /// key `[rope, hidden]` (pairs reordered to rotate-half).
     pub kv_a: Linear<B>,
@@ -108,8 +119,9 @@ impl<B: Backend> MlaScratch<B> {
         }
         let (qk, dkv) = (m.nope + m.rope, m.kv_lora_rank + m.rope);
         self.xs = B::alloc(n * hidden);
-        self.qa = B::alloc(n * m.q_lora_rank);
-        self.qan = B::alloc(n * m.q_lora_rank);
+        let rank = m.q_lora_rank.unwrap_or(0);
+        self.qa = B::alloc(n * rank);
+        self.qan = B::alloc(n * rank);
         self.qb = B::alloc(n * heads * qk);
         self.qh = B::alloc(n * heads * qk);
         self.head_in = B::alloc(n * qk.max(dkv));
@@ -166,20 +178,17 @@ impl<B: Backend> MlaWeights<B> {
         let (qk, dkv, rank) = (m.nope + m.rope, m.kv_lora_rank + m.rope, m.kv_lora_rank);
         s.ensure(m, heads, hidden, n);
         B::copy_slice(ctx, xn, seg.r0 * hidden, &mut s.xs, 0, n * hidden);
-        // Queries: low-rank, normed, up; RoPE on each head's rope dims.
-        self.q_a
-            .forward(ctx, &s.xs, &mut s.qa, n, m.q_lora_rank, hidden)?;
-        B::rms_norm(
-            ctx,
-            &s.qa,
-            &self.q_a_norm,
-            eps,
-            &mut s.qan,
-            n,
-            m.q_lora_rank,
-        );
-        self.q_b
-            .forward(ctx, &s.qan, &mut s.qb, n, heads * qk, m.q_lora_rank)?;
+        // Queries (low-rank, normed, up; or one projection), then RoPE on
+        // each head's rope dims.
+        match &self.query {
+            MlaQuery::LowRank { rank, a, norm, b } => {
+                let rank = *rank;
+                a.forward(ctx, &s.xs, &mut s.qa, n, rank, hidden)?;
+                B::rms_norm(ctx, &s.qa, norm, eps, &mut s.qan, n, rank);
+                b.forward(ctx, &s.qan, &mut s.qb, n, heads * qk, rank)?;
+            }
+            MlaQuery::Full(q) => q.forward(ctx, &s.xs, &mut s.qb, n, heads * qk, hidden)?,
+        }
         let (qc, qs) = rope.q;
         B::qk_norm_rope(
             ctx,

@@ -25,7 +25,7 @@ use ferrum_kv::BlockCopy;
 use ferrum_types::{FerrumError, Result, TensorRef};
 
 pub use arch::{Arch, NAMES};
-pub use config::{Activation, LlamaConfig, MlaConfig, MoeConfig};
+pub use config::{Activation, LlamaConfig, MlaConfig, MoeConfig, Scoring};
 use kv::KvStore;
 use mla::{MlaRope, MlaScratch};
 use moe::MoeScratch;

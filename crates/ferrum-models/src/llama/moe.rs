@@ -12,7 +12,7 @@
 use ferrum_kernels::Backend;
 use ferrum_types::Result;
 
-use super::config::{Activation, MoeConfig};
+use super::config::{Activation, MoeConfig, Scoring};
 use super::weights::Linear;
 
 /// A gated MLP: one expert, or a layer's dense MLP.
@@ -25,6 +25,9 @@ pub struct Expert<B: Backend> {
 pub struct MoeWeights<B: Backend> {
     /// `[experts, hidden]`.
     pub router: Linear<B>,
+    /// Added to the sigmoid scores for choosing experts, not for weighting
+    /// them (DeepSeek V3's `e_score_correction_bias`).
+    pub choice_bias: Option<Vec<f32>>,
     pub experts: Vec<Expert<B>>,
     /// Run for every token beside the routed ones (DeepSeek).
     pub shared: Option<Expert<B>>,
@@ -36,60 +39,91 @@ pub struct MoeWeights<B: Backend> {
 pub struct Routing {
     pub rows: Vec<Vec<u32>>,
     pub weights: Vec<Vec<f32>>,
-    /// Reused per token: (expert, probability).
-    ranked: Vec<(usize, f32)>,
+    /// Reused per token: (expert, weight, choice score).
+    ranked: Vec<(usize, f32, f32)>,
 }
 
 impl Routing {
-    /// Routes `rows` tokens from their router logits (`[rows, experts]`):
-    /// softmax over all experts, the `top_k` most probable (ties go to the
-    /// lower expert index, as `torch.topk` picks them), renormalised to sum
-    /// to 1 when `norm`.
-    /// With `m.groups` (DeepSeek V2's group-limited greedy), experts are
-    /// picked only from the `topk_group` groups whose best expert scores
-    /// highest (the others' probabilities become 0, as transformers masks
-    /// them). `m.routed_scale` multiplies every chosen weight.
-    pub fn route(&mut self, logits: &[f32], m: &MoeConfig) {
+    /// Routes `rows` tokens from their router logits (`[rows, experts]`).
+    /// Scores per `m.scoring`: a softmax over all experts, or each logit's
+    /// sigmoid with `bias` added for the choice only. The `top_k` best
+    /// choices are taken (ties go to the lower expert index, as
+    /// `torch.topk` picks them), their weights renormalised to sum to 1
+    /// when `m.norm_top_k`, then multiplied by `m.routed_scale`.
+    /// With `m.groups` (DeepSeek's group-limited routing), experts are
+    /// picked only from the `keep` groups that rank best: by their best
+    /// score after a softmax (V2's `group_limited_greedy`, which zeroes
+    /// the others' scores, as transformers does), by the sum of their two
+    /// best biased scores after a sigmoid (V3's `noaux_tc`).
+    pub fn route(&mut self, logits: &[f32], m: &MoeConfig, bias: Option<&[f32]>) {
         let (experts, top_k, norm, scale) = (m.experts, m.top_k, m.norm_top_k, m.routed_scale);
         self.rows.resize_with(experts, Vec::new);
         self.weights.resize_with(experts, Vec::new);
         self.rows.iter_mut().for_each(Vec::clear);
         self.weights.iter_mut().for_each(Vec::clear);
         for (r, l) in logits.chunks_exact(experts).enumerate() {
-            let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let sum: f32 = l.iter().map(|&v| (v - max).exp()).sum();
             self.ranked.clear();
-            self.ranked.extend(
-                l.iter()
-                    .enumerate()
-                    .map(|(e, &v)| (e, (v - max).exp() / sum)),
-            );
-            if let Some((groups, keep)) = m.groups {
-                let size = experts / groups;
-                let best = |g: usize| {
-                    self.ranked[g * size..(g + 1) * size]
-                        .iter()
-                        .fold(f32::NEG_INFINITY, |a, c| a.max(c.1))
-                };
-                let mut order: Vec<usize> = (0..groups).collect();
-                order.sort_by(|&a, &b| best(b).total_cmp(&best(a)).then(a.cmp(&b)));
-                for &g in &order[keep.min(groups)..] {
-                    self.ranked[g * size..(g + 1) * size]
-                        .iter_mut()
-                        .for_each(|c| c.1 = 0.0);
+            match m.scoring {
+                Scoring::Softmax => {
+                    let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let sum: f32 = l.iter().map(|&v| (v - max).exp()).sum();
+                    self.ranked.extend(l.iter().enumerate().map(|(e, &v)| {
+                        let p = (v - max).exp() / sum;
+                        (e, p, p)
+                    }));
+                }
+                Scoring::Sigmoid => {
+                    self.ranked.extend(l.iter().enumerate().map(|(e, &v)| {
+                        let s = 1.0 / (1.0 + (-v).exp());
+                        (e, s, s + bias.map_or(0.0, |b| b[e]))
+                    }));
                 }
             }
+            if let Some((groups, keep)) = m.groups {
+                self.keep_best_groups(groups, keep, m.scoring);
+            }
             self.ranked
-                .sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+                .sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
             let chosen = &self.ranked[..top_k.min(experts)];
             let total: f32 = if norm {
                 chosen.iter().map(|c| c.1).sum::<f32>() / scale
             } else {
                 1.0 / scale
             };
-            for &(e, p) in chosen {
+            for &(e, w, _) in chosen {
                 self.rows[e].push(r as u32);
-                self.weights[e].push(p / total);
+                self.weights[e].push(w / total);
+            }
+        }
+    }
+
+    /// Rules out the experts of all but the `keep` best of `groups` equal
+    /// groups of `self.ranked` (in expert order); see [`Self::route`].
+    fn keep_best_groups(&mut self, groups: usize, keep: usize, scoring: Scoring) {
+        let size = self.ranked.len() / groups;
+        let group_score = |g: &[(usize, f32, f32)]| match scoring {
+            Scoring::Softmax => g.iter().fold(f32::NEG_INFINITY, |a, c| a.max(c.2)),
+            Scoring::Sigmoid => {
+                let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+                for c in g {
+                    if c.2 > first {
+                        (first, second) = (c.2, first);
+                    } else if c.2 > second {
+                        second = c.2;
+                    }
+                }
+                first + if size > 1 { second } else { 0.0 }
+            }
+        };
+        let scores: Vec<f32> = self.ranked.chunks(size).map(group_score).collect();
+        let mut order: Vec<usize> = (0..groups).collect();
+        order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+        for &g in &order[keep.min(groups)..] {
+            for c in &mut self.ranked[g * size..(g + 1) * size] {
+                match scoring {
+                    Scoring::Softmax => (c.1, c.2) = (0.0, 0.0),
+                    Scoring::Sigmoid => c.2 = f32::NEG_INFINITY,
+                }
             }
         }
     }
@@ -159,7 +193,8 @@ impl<B: Backend> MoeWeights<B> {
         B::take_error(ctx)?;
         s.router_host.resize(rows * ne, 0.0);
         B::read_into(&s.router_out, &mut s.router_host);
-        s.routing.route(&s.router_host, m);
+        s.routing
+            .route(&s.router_host, m, self.choice_bias.as_deref());
         match (&self.shared, m.shared_intermediate) {
             // The shared expert's output starts the sum.
             (Some(shared), Some(sim)) => shared.run(
@@ -226,7 +261,7 @@ impl<B: Backend> Expert<B> {
 #[cfg(test)]
 mod tests {
     use super::Routing;
-    use crate::llama::MoeConfig;
+    use crate::llama::{MoeConfig, Scoring};
 
     fn moe(top_k: usize, norm: bool, scale: f32, groups: Option<(usize, usize)>) -> MoeConfig {
         MoeConfig {
@@ -238,6 +273,7 @@ mod tests {
             routed_scale: scale,
             shared_intermediate: None,
             groups,
+            scoring: Scoring::Softmax,
         }
     }
 
@@ -251,7 +287,7 @@ mod tests {
             0.5, 0.5, 0.5, 0.5, //
             -1.0, 0.0, 3.0, 1.0,
         ];
-        r.route(&logits, &moe(2, true, 1.0, None));
+        r.route(&logits, &moe(2, true, 1.0, None), None);
         assert_eq!(r.rows, vec![vec![1], vec![0, 1], vec![2], vec![0, 2]]);
         assert_eq!(r.weights[1][0], 0.5);
         assert_eq!(r.weights[3][0], 0.5);
@@ -260,7 +296,7 @@ mod tests {
         let (a, b) = (3f32.exp(), 1f32.exp());
         assert!((r.weights[2][0] - a / (a + b)).abs() < 1e-6);
         // Without renormalisation the weights are the full softmax's.
-        r.route(&logits[8..], &moe(2, false, 2.0, None));
+        r.route(&logits[8..], &moe(2, false, 2.0, None), None);
         let z: f32 = [-1f32, 0.0, 3.0, 1.0].iter().map(|v| v.exp()).sum();
         // ... times the routed scale.
         assert!((r.weights[2][0] - 2.0 * a / z).abs() < 1e-6);
@@ -275,12 +311,75 @@ mod tests {
         // beats group 0's (expert 0, 1.9), so with one group kept, experts
         // 2 and 3 are chosen although expert 0 outscores expert 3.
         let logits = [1.9, 0.0, 2.0, 1.0];
-        r.route(&logits, &moe(2, false, 1.0, Some((2, 1))));
+        r.route(&logits, &moe(2, false, 1.0, Some((2, 1))), None);
         assert_eq!(r.rows, vec![vec![], vec![], vec![0], vec![0]]);
         let z: f32 = logits.iter().map(|v| v.exp()).sum();
         assert!((r.weights[3][0] - 1f32.exp() / z).abs() < 1e-6);
         // Both groups kept: plain top-2.
-        r.route(&logits, &moe(2, false, 1.0, Some((2, 2))));
+        r.route(&logits, &moe(2, false, 1.0, Some((2, 2))), None);
         assert_eq!(r.rows, vec![vec![0], vec![], vec![0], vec![]]);
+    }
+
+    fn sigmoid(x: f32) -> f32 {
+        1.0 / (1.0 + (-x).exp())
+    }
+
+    #[test]
+    fn sigmoid_routing_chooses_with_the_bias_and_weights_without_it() {
+        let mut r = Routing::default();
+        let m = MoeConfig {
+            scoring: Scoring::Sigmoid,
+            ..moe(2, true, 2.5, None)
+        };
+        // Unbiased, experts 0 and 1 score best; the bias lifts 3 above 1.
+        let logits = [2.0, 1.0, -1.0, 0.5];
+        let bias = [0.0, 0.0, 0.0, 0.3];
+        r.route(&logits, &m, Some(&bias));
+        assert_eq!(r.rows, vec![vec![0], vec![], vec![], vec![0]]);
+        // Weights: the unbiased sigmoids, renormalised, times 2.5.
+        let (a, b) = (sigmoid(2.0), sigmoid(0.5));
+        assert!((r.weights[0][0] - 2.5 * a / (a + b)).abs() < 1e-6);
+        assert!((r.weights[3][0] - 2.5 * b / (a + b)).abs() < 1e-6);
+        // Not renormalised: the sigmoids themselves.
+        r.route(
+            &logits,
+            &MoeConfig {
+                norm_top_k: false,
+                ..m.clone()
+            },
+            Some(&bias),
+        );
+        assert!((r.weights[3][0] - 2.5 * b).abs() < 1e-6);
+    }
+
+    #[test]
+    fn sigmoid_groups_rank_by_their_two_best_scores() {
+        let mut r = Routing::default();
+        // Groups {0, 1}, {2, 3}, {4, 5}. Group 0 holds the single best
+        // expert (0) but group 1's two together beat it: 1 + 2 > 0 + 3 in
+        // logits, so keeping one group picks 2 and 3 (V2's rule, by the
+        // best expert, would keep group 0).
+        let logits = [3.0, -3.0, 1.5, 1.4, -2.0, -2.0];
+        let m = MoeConfig {
+            experts: 6,
+            scoring: Scoring::Sigmoid,
+            ..moe(2, false, 1.0, Some((3, 1)))
+        };
+        r.route(&logits, &m, None);
+        assert_eq!(
+            r.rows,
+            vec![vec![], vec![], vec![0], vec![0], vec![], vec![]]
+        );
+        // The softmax rule on the same logits keeps group 0.
+        r.route(
+            &logits,
+            &MoeConfig {
+                scoring: Scoring::Softmax,
+                ..m
+            },
+            None,
+        );
+        assert_eq!(r.rows[0], vec![0]);
+        assert!(r.rows[2].is_empty() && r.rows[3].is_empty());
     }
 }

@@ -4,7 +4,7 @@
 use crate::rope::RopeSpec;
 
 use super::arch::Arch;
-use super::config::{Activation, LlamaConfig, MoeConfig};
+use super::config::{Activation, LlamaConfig, MoeConfig, Scoring};
 
 /// Names `preset` accepts.
 pub const PRESETS: &[&str] = &[
@@ -105,6 +105,7 @@ fn qwen3_30b_a3b() -> LlamaConfig {
             routed_scale: 1.0,
             shared_intermediate: None,
             groups: None,
+            scoring: Scoring::Softmax,
         }),
         mla: None,
     }

@@ -17,8 +17,8 @@ use ferrum_kernels::{input_order, Backend, GgufQuantType, QuantKind, QuantWeight
 use ferrum_types::{FerrumError, Result};
 
 use super::arch::Arch;
-use super::config::{LlamaConfig, MlaConfig, MoeConfig};
-use super::mla::MlaWeights;
+use super::config::{LlamaConfig, MlaConfig, MoeConfig, Scoring};
+use super::mla::{MlaQuery, MlaWeights};
 use super::moe::{Expert, MoeWeights};
 use super::quantized::{convert, Converted};
 use crate::LoadProgress;
@@ -796,7 +796,20 @@ fn load_moe<B: Backend>(
             })
         })
         .collect::<Result<Vec<_>>>()?;
+    // DeepSeek V3's selection bias (`e_score_correction_bias`).
+    let choice_bias = match m.scoring {
+        Scoring::Softmax => None,
+        Scoring::Sigmoid => Some(vector(
+            src,
+            &match src {
+                Source::Gguf(_) => format!("blk.{i}.exp_probs_b.bias"),
+                Source::Hf(..) => format!("model.layers.{i}.mlp.gate.e_score_correction_bias"),
+            },
+            ne,
+        )?),
+    };
     Ok(MoeWeights {
+        choice_bias,
         router: Linear::upload(router, ne, h)?,
         experts,
         shared,
@@ -832,6 +845,7 @@ fn load_mla<B: Backend>(
     let name = |hf: &str| match src {
         Source::Gguf(_) => {
             let g = match hf {
+                "q_proj.weight" => "attn_q.weight",
                 "q_a_proj.weight" => "attn_q_a.weight",
                 "q_a_layernorm.weight" => "attn_q_a_norm.weight",
                 "q_b_proj.weight" => "attn_q_b.weight",
@@ -854,8 +868,26 @@ fn load_mla<B: Backend>(
             b - rope
         }
     };
-    let q_b = require(src, &name("q_b_proj.weight"), heads * qk * m.q_lora_rank)?
-        .permute_rows(heads * qk, |r| (r / qk) * qk + hf_dim(r % qk));
+    let head_rows = |r: usize| (r / qk) * qk + hf_dim(r % qk);
+    let query = match m.q_lora_rank {
+        Some(rank) => MlaQuery::LowRank {
+            rank,
+            a: Linear::upload(require(src, &name("q_a_proj.weight"), rank * h)?, rank, h)?,
+            norm: B::from_slice(&vector(src, &name("q_a_layernorm.weight"), rank)?),
+            b: Linear::upload(
+                require(src, &name("q_b_proj.weight"), heads * qk * rank)?
+                    .permute_rows(heads * qk, head_rows),
+                heads * qk,
+                rank,
+            )?,
+        },
+        None => MlaQuery::Full(Linear::upload(
+            require(src, &name("q_proj.weight"), heads * qk * h)?
+                .permute_rows(heads * qk, head_rows),
+            heads * qk,
+            h,
+        )?),
+    };
     let [c, kr]: [Raw; 2] = require(src, &name("kv_a_proj_with_mqa.weight"), dkv * h)?
         .split_rows(dkv, &[rank, rope])
         .try_into()
@@ -920,13 +952,7 @@ fn load_mla<B: Backend>(
     let mut place_rope = vec![0f32; dkv * rope];
     (0..rope).for_each(|j| place_rope[(rank + j) * rope + j] = 1.0);
     Ok(MlaWeights {
-        q_a: Linear::upload(
-            require(src, &name("q_a_proj.weight"), m.q_lora_rank * h)?,
-            m.q_lora_rank,
-            h,
-        )?,
-        q_a_norm: B::from_slice(&vector(src, &name("q_a_layernorm.weight"), m.q_lora_rank)?),
-        q_b: Linear::upload(q_b, heads * qk, m.q_lora_rank)?,
+        query,
         kv_a: Linear::upload(c, rank, h)?,
         kv_a_norm: B::from_slice(&vector(src, &name("kv_a_layernorm.weight"), rank)?),
         k_rope: Linear::upload(kr, rope, h)?,
@@ -1244,6 +1270,7 @@ impl<B: Backend> Weights<B> {
                         .collect();
                     Mlp::Moe(MoeWeights {
                         router: Linear::Dense(B::from_slice(&router)),
+                        choice_bias: None,
                         experts,
                         shared: None,
                     })
