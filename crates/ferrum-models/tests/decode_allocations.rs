@@ -1,6 +1,7 @@
 //! A decode step allocates nothing on the heap once the model's scratch has
 //! grown to the batch: counted by a global allocator over steps of two
-//! sequences, for interleaved (Q4_1) and k-quant (Q4_K) weights.
+//! sequences, for interleaved (Q4_1) and k-quant (Q4_K) weights, and for a
+//! mixture of experts (whose routing lists keep their room between steps).
 //!
 //! The only test in its binary, so no other test allocates while it counts.
 //! It drives the model from a worker of a rayon pool, as the CLI and the
@@ -13,7 +14,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ferrum_kernels::{CpuBackend, GgufQuantType};
-use ferrum_models::llama::{preset, LlamaModel};
+use ferrum_models::llama::{preset, LlamaConfig, LlamaModel};
 use ferrum_models::{DecoderOnlyLLM, KvManaged, LogitsWanted, Segment};
 
 /// Counts every allocation and reallocation, on any thread.
@@ -48,12 +49,27 @@ fn decode_steps_do_not_allocate() {
     ferrum_kernels::cpu::on_pool(Some(2), count_allocations).unwrap();
 }
 
-fn count_allocations() {
-    let mut cfg = preset("qwen2.5-0.5b").unwrap();
+/// `name`'s layout at toy size (a mixture keeps 16 experts, 4 active).
+fn small(name: &str) -> LlamaConfig {
+    let mut cfg = preset(name).unwrap();
     (cfg.hidden, cfg.intermediate, cfg.layers) = (256, 512, 2);
     (cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.vocab) = (4, 2, 64, 1000);
+    cfg.rotary_dims = 64;
     cfg.sliding = vec![false; 2];
-    for ty in [GgufQuantType::Q4_1, GgufQuantType::Q4K] {
+    if let Some(moe) = cfg.moe.as_mut() {
+        (moe.experts, moe.top_k, moe.intermediate) = (16, 4, 256);
+        moe.sparse = vec![true; 2];
+    }
+    cfg
+}
+
+fn count_allocations() {
+    let dense = small("qwen2.5-0.5b");
+    for (cfg, ty) in [
+        (dense.clone(), GgufQuantType::Q4_1),
+        (dense, GgufQuantType::Q4K),
+        (small("qwen3-30b-a3b"), GgufQuantType::Q4K),
+    ] {
         let mut model =
             KvManaged::new(LlamaModel::<CpuBackend>::random(cfg.clone(), ty, false, 3).unwrap());
         let ids = ["a", "b"];
@@ -84,6 +100,10 @@ fn count_allocations() {
             step(&mut model, i);
         }
         let during = ALLOCS.load(Ordering::SeqCst) - before;
-        assert_eq!(during, 0, "{ty:?}: {during} allocations in 56 decode steps");
+        assert_eq!(
+            during, 0,
+            "{:?} {ty:?}: {during} allocations in 56 decode steps",
+            cfg.arch
+        );
     }
 }

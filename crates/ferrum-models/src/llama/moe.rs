@@ -59,8 +59,17 @@ impl Routing {
         let (experts, top_k, norm, scale) = (m.experts, m.top_k, m.norm_top_k, m.routed_scale);
         self.rows.resize_with(experts, Vec::new);
         self.weights.resize_with(experts, Vec::new);
-        self.rows.iter_mut().for_each(Vec::clear);
-        self.weights.iter_mut().for_each(Vec::clear);
+        // Room for every token in every list, so that decode steps of a
+        // batch size seen before do not allocate.
+        let tokens = logits.len() / experts.max(1);
+        for list in &mut self.rows {
+            list.clear();
+            list.reserve(tokens);
+        }
+        for list in &mut self.weights {
+            list.clear();
+            list.reserve(tokens);
+        }
         for (r, l) in logits.chunks_exact(experts).enumerate() {
             self.ranked.clear();
             match m.scoring {

@@ -1,0 +1,77 @@
+//! A mixture-of-experts decode batch gives each sequence what decoding it
+//! alone gives, on quantized experts (Q4_K, as MoE checkpoints ship): the
+//! tokens of a batch are grouped per expert, so a wrong row, expert or
+//! weight in that grouping shows here. Also with a shared expert and
+//! DeepSeek V3's sigmoid router with groups.
+//!
+//! Tolerance: 1e-4 of the largest logit, as `hf_fixtures.rs` allows: the
+//! f32 router GEMM rounds differently for different row counts; a wrong
+//! expert, row or weight moves logits by far more (dropping one expert's
+//! output moved them by 2% of the largest).
+
+#![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
+
+use ferrum_kernels::{CpuBackend, GgufQuantType};
+use ferrum_models::llama::{preset, LlamaConfig, LlamaModel, Scoring};
+use ferrum_models::{DecoderOnlyLLM, KvManaged};
+
+/// Qwen3-30B-A3B's layout at toy size: 16 experts of width 256, 4 active.
+fn small_moe() -> LlamaConfig {
+    let mut cfg = preset("qwen3-30b-a3b").unwrap();
+    (cfg.hidden, cfg.intermediate, cfg.layers) = (256, 512, 2);
+    (cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.rotary_dims) = (4, 2, 64, 64);
+    cfg.vocab = 1000;
+    cfg.sliding = vec![false; 2];
+    let moe = cfg.moe.as_mut().unwrap();
+    (moe.experts, moe.top_k, moe.intermediate) = (16, 4, 256);
+    moe.sparse = vec![true; 2];
+    cfg
+}
+
+fn batch_equals_alone(cfg: LlamaConfig) {
+    let mut m = KvManaged::new(
+        LlamaModel::<CpuBackend>::random(cfg.clone(), GgufQuantType::Q4K, false, 5).unwrap(),
+    );
+    let prompt: Vec<u32> = (0..12).map(|i| (37 * i + 11) % 1000).collect();
+    let seqs: Vec<(String, usize, u32)> = (0..40)
+        .map(|i| (format!("s{i}"), 1 + i % prompt.len(), (13 * i + 7) as u32))
+        .collect();
+    let mut alone = Vec::new();
+    for (id, len, tok) in &seqs {
+        m.prefill(id, &prompt[..*len]);
+        alone.push(m.decode(id, *tok, *len as u32));
+    }
+    m.reset();
+    for (id, len, _) in &seqs {
+        m.prefill(id, &prompt[..*len]);
+    }
+    let batch: Vec<(String, u32, u32)> = seqs
+        .iter()
+        .map(|(id, len, tok)| (id.clone(), *tok, *len as u32))
+        .collect();
+    let together = m.decode_batch(&batch);
+    assert_eq!(together.len(), alone.len());
+    for (i, (x, y)) in together.iter().zip(&alone).enumerate() {
+        let scale = y.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+        assert!(
+            worst <= 1e-4 * scale,
+            "sequence {i}: logits differ by {worst} (largest {scale})"
+        );
+    }
+}
+
+#[test]
+fn a_moe_decode_batch_equals_its_sequences_alone() {
+    batch_equals_alone(small_moe());
+}
+
+#[test]
+fn shared_experts_and_sigmoid_groups_too() {
+    let mut cfg = small_moe();
+    let moe = cfg.moe.as_mut().unwrap();
+    moe.shared_intermediate = Some(256);
+    moe.scoring = Scoring::Sigmoid;
+    moe.groups = Some((4, 2));
+    batch_equals_alone(cfg);
+}
