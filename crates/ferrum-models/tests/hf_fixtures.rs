@@ -22,6 +22,8 @@ use ferrum_models::{
 };
 use serde_json::Value;
 
+mod common;
+
 const CAUSAL: &[&str] = &[
     "llama",
     "llama-rope-scaling",
@@ -270,24 +272,7 @@ fn large_decode_batch(name: &str) {
     };
     let prompt = ids(&r["input_ids"]);
     let mut m = KvManaged::new(LlamaModel::<CpuBackend>::from_hf_dir(&dir).unwrap());
-    let seqs: Vec<(String, usize, u32)> = (0..20)
-        .map(|i| (format!("s{i}"), 1 + i % prompt.len(), (3 * i + 1) as u32))
-        .collect();
-    let mut alone = Vec::new();
-    for (id, len, tok) in &seqs {
-        m.prefill(id, &prompt[..*len]);
-        alone.push(m.decode(id, *tok, *len as u32));
-    }
-    m.reset();
-    for (id, len, _) in &seqs {
-        m.prefill(id, &prompt[..*len]);
-    }
-    let batch: Vec<(String, u32, u32)> = seqs
-        .iter()
-        .map(|(id, len, tok)| (id.clone(), *tok, *len as u32))
-        .collect();
-    let together = m.decode_batch(&batch);
-    assert_eq!(together.len(), alone.len());
+    let (alone, together) = common::decode_alone_and_batched(&mut m, &prompt, 20);
     for (i, (x, y)) in together.iter().zip(&alone).enumerate() {
         assert_eq!(x.len(), y.len());
         let worst = x

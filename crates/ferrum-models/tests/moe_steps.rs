@@ -13,7 +13,9 @@
 
 use ferrum_kernels::{CpuBackend, GgufQuantType};
 use ferrum_models::llama::{preset, LlamaConfig, LlamaModel, Scoring};
-use ferrum_models::{DecoderOnlyLLM, KvManaged};
+use ferrum_models::KvManaged;
+
+mod common;
 
 /// Qwen3-30B-A3B's layout at toy size: 16 experts of width 256, 4 active.
 fn small_moe() -> LlamaConfig {
@@ -33,24 +35,7 @@ fn batch_equals_alone(cfg: LlamaConfig) {
         LlamaModel::<CpuBackend>::random(cfg.clone(), GgufQuantType::Q4K, false, 5).unwrap(),
     );
     let prompt: Vec<u32> = (0..12).map(|i| (37 * i + 11) % 1000).collect();
-    let seqs: Vec<(String, usize, u32)> = (0..40)
-        .map(|i| (format!("s{i}"), 1 + i % prompt.len(), (13 * i + 7) as u32))
-        .collect();
-    let mut alone = Vec::new();
-    for (id, len, tok) in &seqs {
-        m.prefill(id, &prompt[..*len]);
-        alone.push(m.decode(id, *tok, *len as u32));
-    }
-    m.reset();
-    for (id, len, _) in &seqs {
-        m.prefill(id, &prompt[..*len]);
-    }
-    let batch: Vec<(String, u32, u32)> = seqs
-        .iter()
-        .map(|(id, len, tok)| (id.clone(), *tok, *len as u32))
-        .collect();
-    let together = m.decode_batch(&batch);
-    assert_eq!(together.len(), alone.len());
+    let (alone, together) = common::decode_alone_and_batched(&mut m, &prompt, 40);
     for (i, (x, y)) in together.iter().zip(&alone).enumerate() {
         let scale = y.iter().fold(0f32, |m, v| m.max(v.abs()));
         let worst = x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
