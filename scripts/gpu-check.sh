@@ -24,6 +24,7 @@ prep() {
   strip -o .gpu/bin/ferrum target/release/ferrum
   local shared=${FERRUM_SHARED:-../shared}
   cp -r "$shared/fixtures/hf-tiny" .gpu/hf-tiny # ../shared does not travel
+  cp -r crates/ferrum-models/tests/data/hf-tiny/. .gpu/hf-tiny/ # and the crate's own
   # The quantized checkpoints (GPTQ, AWQ, FP8, compressed-tensors) of the
   # hf-tiny llama, as .ci/run makes them (qwen3's too would pass 60 MB).
   local venv=${FERRUM_CI_VENV:-target/ci-venv}
@@ -76,37 +77,44 @@ run() {
   local FER=$G/bin/ferrum
 
   # 1. Correctness: both CUDA suites; a skip is a failure on a GPU machine.
-  step "cuda_ops" 60 tests.log "$G/bin/cuda_ops" --nocapture --test-threads=1
-  step "cuda_models" 120 tests.log "$G/bin/cuda_models" --nocapture --test-threads=1
+  "$FER" system-info >>"$R/summary.txt" 2>&1
+  step "cuda_ops" 90 tests.log "$G/bin/cuda_ops" --nocapture --test-threads=1
+  step "cuda_models" 150 tests.log "$G/bin/cuda_models" --nocapture --test-threads=1
   grep -nE "skipped: no CUDA GPU|^skipping " "$R/tests.log" && say "FAIL tests skipped on a GPU machine"
 
-  # 2. Benchmarks: 8B shapes, random weights (Q4_K as the README; Q4_0 is what
-  #    GPTQ int4 runs as, Q5_0 AWQ, with and without act-order).
+  # 2. Benchmarks, most wanted first: the mixture of experts (Qwen3-30B-A3B
+  #    shapes, grouped expert GEMMs), then 8B shapes, random weights (Q4_K
+  #    as the README; Q4_0 is what GPTQ int4 runs as, Q5_0 AWQ, with and
+  #    without act-order).
   bench() {
     step "bench ${*:2}" "$1" bench.log env FERRUM_KV_CAPACITY=8192 "$FER" bench --device cuda --json "${@:2}" &&
-      tail -1 "$R/bench.log" | sed "s|^|  ${*:2} => |" >>"$R/summary.txt"
+      grep -E "^\|" "$R/bench.log" | tail -4 | sed "s|^|  |" >>"$R/summary.txt"
   }
-  bench 100 --random-weights llama3-8b --random-type q4_k -p 512 -n 128 -r 3
-  bench 70 --random-weights llama3-8b --random-type q4_0 -p 512 -n 64 -r 2
-  bench 70 --random-weights llama3-8b --random-type q5_0 -p 512 -n 64 -r 2
-  bench 70 --random-weights llama3-8b --random-type q5_0 --random-act-order -p 512 -n 64 -r 2
+  bench 150 --random-weights qwen3-30b-a3b --random-type q4_k -p 512 -n 64 -r 2 --batch 8
+  bench 100 --random-weights llama3-8b --random-type q4_k -p 512 -n 128 -r 3 --batch 8
   bench 100 --random-weights llama3-8b --random-type q4_k -p 0 -n 64 -d 4096 -r 1
-  bench 70 --random-weights llama3-8b --random-type q4_k -p 0 -n 32 -r 1 --batch 8
+  bench 70 --random-weights llama3-8b --random-type q4_0 -p 512 -n 64 -r 2
 
-  # 3. Registers and spills of the PTX Ferrum cached, and its SASS.
+  # 3. Memory errors in the quantized and grouped-expert kernels.
+  step "memcheck quant" 90 sanitizer.txt compute-sanitizer --tool memcheck --error-exitcode 9 "$G/bin/cuda_ops" grouped quantized --test-threads=1
+
+  # 4. Where decode time goes: counters of the main kernels in steady steps,
+  #    dense and mixture.
+  step "ncu" 90 ncu.txt ncu --clock-control none --target-processes all -k "regex:gemv_q4_k|attention|rms_norm" -s 400 -c 6 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+    "$FER" bench --device cuda --random-weights llama3-8b -p 0 -n 4 -r 1
+  step "ncu moe" 90 ncu-moe.txt ncu --clock-control none --target-processes all -k "regex:gemv_experts_q4_k" -s 600 -c 4 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+    "$FER" bench --device cuda --random-weights qwen3-30b-a3b -p 0 -n 4 -r 1
+
+  # 5. The rest: act-order, registers and spills, races, all of memcheck.
+  bench 70 --random-weights llama3-8b --random-type q5_0 --random-act-order -p 512 -n 64 -r 2
   local P
   P=$(ls $FERRUM_KERNEL_CACHE/*.ptx 2>/dev/null | head -1)
   [ -n "$P" ] && step "ptxas -v" 30 ptxas.txt ptxas -arch=sm_90 -v --warn-on-spills --warn-on-local-memory-usage "$P" -o /tmp/k.cubin &&
     { cuobjdump -sass /tmp/k.cubin 2>/dev/null | gzip >"$R/sass.txt.gz"; }
-
-  # 4. Memory errors and shared-memory races (small shapes of cuda_ops).
   step "memcheck" 120 sanitizer.txt compute-sanitizer --tool memcheck --error-exitcode 9 "$G/bin/cuda_ops" --test-threads=1
   step "racecheck" 90 sanitizer.txt compute-sanitizer --tool racecheck --error-exitcode 9 "$G/bin/cuda_ops" attention elementwise --test-threads=1
-
-  # 5. Where decode time goes: counters of the main kernels in a steady step.
-  step "ncu" 120 ncu.txt ncu --clock-control none --target-processes all -k "regex:gemv_q4_k|attention|rms_norm" -s 400 -c 6 \
-    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-    "$FER" bench --device cuda --random-weights llama3-8b -p 0 -n 4 -r 1
 
   say "total $(($(date +%s) - T0))s"
   ! grep -q "^FAIL" "$R/summary.txt"

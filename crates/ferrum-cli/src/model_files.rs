@@ -195,6 +195,7 @@ impl KvArgs {
     pub fn pool(&self, device: Device) -> Result<KvPoolConfig> {
         Ok(KvPoolConfig {
             tokens: self.kv_cache_tokens.unwrap_or(0),
+            sequences: KvPoolConfig::default().sequences,
             block_size: self.block_size.unwrap_or(0),
             prefix_caching: !self.no_prefix_caching,
             dtype: self.dtype.resolve(device)?,

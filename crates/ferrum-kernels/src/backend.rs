@@ -128,6 +128,13 @@ pub struct QuantWeights<'a, B: Backend> {
     pub g_idx: Option<&'a B::Buffer>,
 }
 
+/// One expert's rows of a grouped GEMM ([`Backend::gemm_quant_experts`]).
+pub struct ExpertRows<'a, B: Backend> {
+    pub weights: &'a B::Buffer,
+    pub start: usize,
+    pub rows: usize,
+}
+
 /// An input order (see [`QuantWeights`]) as f32 words bit for bit, for
 /// `Backend::from_slice`.
 pub fn input_order(order: &[u32]) -> Vec<f32> {
@@ -868,6 +875,56 @@ pub trait Backend: Send + Sync + Sized + 'static {
         Err(FerrumError::unsupported(format!(
             "gemm_quant({kind:?}) is not implemented for this backend"
         )))
+    }
+
+    /// Whether [`Backend::gemm_quant_experts`] and
+    /// [`Backend::gather_add_rows`] run, so that a mixture-of-experts layer
+    /// runs all its experts of a step in one pass. A GPU needs that: one
+    /// expert's GEMV (a few rows, a short matrix) leaves most of it idle,
+    /// and launches per expert cost more than the work. The CPU leaves it
+    /// false: its per-expert GEMMs already use every core and read each
+    /// expert once (running experts side by side there measured no gain,
+    /// docs/perf-log.md).
+    const GROUPED_EXPERTS: bool = false;
+
+    /// A grouped GEMM over experts: for each group, rows
+    /// `start..start + rows` of `out[·, n]` = the same rows of `a[·, k]` ·
+    /// `dequant(weights)[n, k]ᵀ`, where every group's weights are GGUF
+    /// `quant_type` blocks from [`Backend::load_gguf`]. Groups do not
+    /// overlap; rows outside them are left as they are.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_quant_experts(
+        _ctx: &mut Self::Context,
+        _a: &Self::Buffer,
+        _groups: &[ExpertRows<'_, Self>],
+        _out: &mut Self::Buffer,
+        _n: usize,
+        _k: usize,
+        quant_type: GgufQuantType,
+    ) -> Result<()> {
+        Err(FerrumError::unsupported(format!(
+            "gemm_quant_experts({quant_type:?}) is not implemented for this backend"
+        )))
+    }
+
+    /// `dst[t, :] += Σ_j weights[t·per + j] · src[rows[t·per + j], :]` for
+    /// each of `rows.len() / per` tokens, `j` in order: adds every token's
+    /// `per` expert outputs (rows of a grouped GEMM's output) back, weighted
+    /// by the router, in one pass and without atomics, so the sum's order
+    /// is fixed.
+    #[allow(clippy::too_many_arguments)]
+    fn gather_add_rows(
+        _ctx: &mut Self::Context,
+        _src: &Self::Buffer,
+        _rows: &[u32],
+        _weights: &[f32],
+        _dst: &mut Self::Buffer,
+        _per: usize,
+        _dim: usize,
+    ) -> Result<()> {
+        Err(FerrumError::unsupported(
+            "gather_add_rows is not implemented for this backend",
+        ))
     }
 
     // ── Tensor-parallel collectives ───────────────────────────────────────

@@ -12,8 +12,8 @@ mod paged;
 pub mod quant;
 
 pub use backend::{
-    input_order, pack_bytes, packed_bytes, AttnConfig, AttnSegment, Backend, GgufQuantType,
-    KvCache, KvDtype, PagedKv, QkMode, QuantKind, QuantWeights, ReduceOp,
+    input_order, pack_bytes, packed_bytes, AttnConfig, AttnSegment, Backend, ExpertRows,
+    GgufQuantType, KvCache, KvDtype, PagedKv, QkMode, QuantKind, QuantWeights, ReduceOp,
 };
 pub use cpu::{CpuBackend, CpuBuffer, CpuDtype, CpuGptqWeight};
 #[cfg(feature = "cuda")]

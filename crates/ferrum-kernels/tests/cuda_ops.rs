@@ -10,8 +10,8 @@
 
 use ferrum_kernels::quant::{dequantize, random_blocks};
 use ferrum_kernels::{
-    pack_bytes, AttnConfig, Backend, CpuBackend as C, CudaBackend as G, GgufQuantType, QkMode,
-    QuantKind, QuantWeights,
+    pack_bytes, AttnConfig, Backend, CpuBackend as C, CudaBackend as G, ExpertRows, GgufQuantType,
+    QkMode, QuantKind, QuantWeights,
 };
 use ferrum_types::GgmlType;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -98,8 +98,12 @@ fn quantized_gemm_every_block_type() {
         GgmlType::Q5_K,
         GgmlType::Q6_K,
     ];
-    let (n, k) = (96, 512);
-    for ty in types {
+    // k = 1280: five superblocks, so the Q4_K kernel's four lane groups
+    // get unequal shares.
+    for (ty, (n, k)) in types
+        .into_iter()
+        .flat_map(|t| [(t, (96, 512)), (t, (40, 1280))])
+    {
         let bytes = random_blocks(ty, n * k / ty.block_size(), 2).unwrap();
         let mut w = vec![0f32; n * k];
         dequantize(ty, &bytes, &mut w).unwrap();
@@ -124,7 +128,7 @@ fn quantized_gemm_every_block_type() {
             G::gemm_quant(ctx, &ga, &qw, &mut go, m, n, k, &kind).unwrap();
             G::sync(ctx);
             assert_nmse(
-                &format!("gemm_quant {ty:?} m={m}"),
+                &format!("gemm_quant {ty:?} m={m} k={k}"),
                 &G::to_vec(&go, m * n),
                 &C::to_vec(&co, m * n),
                 MATMUL,
@@ -180,6 +184,106 @@ fn attention_matches_cpu() {
             MATMUL,
         );
     }
+}
+
+/// Experts of one mixture step in one grouped GEMM: each group's rows
+/// against that expert's dense weights on the CPU. Groups of 1 to 8 rows
+/// (one tile), 9 and 64 (several tiles of one expert) and 70 (past the
+/// grouped GEMV: cuBLAS on a slice), in no expert order, with rows between
+/// them that no group covers and that must stay as they were.
+#[test]
+fn grouped_expert_gemm_and_gather_add() {
+    if !gpu() {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(7);
+    let (n, k) = (96, 512);
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q4_0,
+        GgmlType::Q8_0,
+    ] {
+        let experts: Vec<(Vec<f32>, <G as Backend>::Buffer)> = (0..5)
+            .map(|e| {
+                let bytes = random_blocks(ty, n * k / ty.block_size(), 10 + e).unwrap();
+                let mut w = vec![0f32; n * k];
+                dequantize(ty, &bytes, &mut w).unwrap();
+                (w, G::from_slice(&pack_bytes(&bytes)))
+            })
+            .collect();
+        // (expert, first row, rows); rows 1, 12..14 and 155.. stay untouched.
+        let plan = [
+            (3, 0, 1),
+            (0, 2, 9),
+            (4, 11, 1),
+            (1, 15, 70),
+            (2, 85, 64),
+            (3, 149, 6),
+        ];
+        let total = 160;
+        let a = rand_vec(&mut rng, total * k);
+        let before = rand_vec(&mut rng, total * n);
+        let mut want = before.clone();
+        for &(e, start, rows) in &plan {
+            let (ca, cw) = (
+                C::from_slice(&a[start * k..(start + rows) * k]),
+                C::from_slice(&experts[e].0),
+            );
+            let mut co = C::alloc(rows * n);
+            C::gemm(&mut (), &ca, &cw, &mut co, rows, n, k);
+            want[start * n..(start + rows) * n].copy_from_slice(&C::to_vec(&co, rows * n));
+        }
+        let ga = G::from_slice(&a);
+        let mut go = G::from_slice(&before);
+        let groups: Vec<ExpertRows<'_, G>> = plan
+            .iter()
+            .map(|&(e, start, rows)| ExpertRows {
+                weights: &experts[e].1,
+                start,
+                rows,
+            })
+            .collect();
+        let ctx = &mut G::new_context();
+        let qt = GgufQuantType::from_ggml(ty).unwrap();
+        G::gemm_quant_experts(ctx, &ga, &groups, &mut go, n, k, qt).unwrap();
+        G::sync(ctx);
+        G::take_error(ctx).unwrap();
+        let got = G::to_vec(&go, total * n);
+        for (r, (g, w)) in got.chunks(n).zip(want.chunks(n)).enumerate() {
+            let covered = plan.iter().any(|&(_, s, rows)| (s..s + rows).contains(&r));
+            if !covered {
+                assert_eq!(g, w, "{ty:?}: row {r} outside every group changed");
+            }
+        }
+        assert_nmse(&format!("gemm_quant_experts {ty:?}"), &got, &want, MATMUL);
+    }
+
+    // Three tokens, two experts each, added to what dst holds, in order.
+    let dim = 200;
+    let src = rand_vec(&mut rng, 6 * dim);
+    let dst = rand_vec(&mut rng, 3 * dim);
+    let rows = [4u32, 0, 1, 5, 3, 2];
+    let weights = [0.5f32, 1.5, -0.25, 2.0, 1.0, 0.75];
+    let mut want = dst.clone();
+    for t in 0..3 {
+        for j in 0..2 {
+            let (r, w) = (rows[t * 2 + j] as usize, weights[t * 2 + j]);
+            for c in 0..dim {
+                want[t * dim + c] += w * src[r * dim + c];
+            }
+        }
+    }
+    let (gs, mut gd) = (G::from_slice(&src), G::from_slice(&dst));
+    let ctx = &mut G::new_context();
+    G::gather_add_rows(ctx, &gs, &rows, &weights, &mut gd, 2, dim).unwrap();
+    G::sync(ctx);
+    assert_nmse(
+        "gather_add_rows",
+        &G::to_vec(&gd, 3 * dim),
+        &want,
+        ELEMENTWISE,
+    );
 }
 
 #[test]

@@ -49,8 +49,13 @@ pub const KV_CACHE_TOKENS_ENV: &str = "FERRUM_KV_CACHE_TOKENS";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvPoolConfig {
     /// Positions in the pool over all sequences; 0 picks the default
-    /// (`FERRUM_KV_CACHE_TOKENS`, else four sequences at full capacity).
+    /// (`FERRUM_KV_CACHE_TOKENS`, else `sequences` at full capacity).
     pub tokens: usize,
+    /// How many sequences at full capacity the default pool holds (4).
+    /// Callers that know they run more at once (`ferrum bench --batch`)
+    /// raise it: a backend that gives each sequence one block of its whole
+    /// capacity (CUDA today) fits no more sequences than this.
+    pub sequences: usize,
     /// Positions per block; 0 lets the backend choose
     /// (`Backend::kv_block_size`: 16 on the CPU).
     pub block_size: usize,
@@ -65,6 +70,7 @@ impl Default for KvPoolConfig {
     fn default() -> Self {
         Self {
             tokens: 0,
+            sequences: 4,
             block_size: 0,
             prefix_caching: true,
             dtype: KvDtype::default(),
@@ -74,8 +80,8 @@ impl Default for KvPoolConfig {
 
 impl KvPoolConfig {
     /// The pool size in tokens for a model whose sequences hold
-    /// `kv_capacity`: `tokens`, else `FERRUM_KV_CACHE_TOKENS`, else four
-    /// sequences at full capacity.
+    /// `kv_capacity`: `tokens`, else `FERRUM_KV_CACHE_TOKENS`, else
+    /// `sequences` at full capacity.
     pub fn resolve_tokens(&self, kv_capacity: usize) -> usize {
         let from_env = || {
             std::env::var(KV_CACHE_TOKENS_ENV)
@@ -84,7 +90,7 @@ impl KvPoolConfig {
                 .filter(|&t| t > 0)
         };
         match self.tokens {
-            0 => from_env().unwrap_or(4 * kv_capacity),
+            0 => from_env().unwrap_or(self.sequences.max(1) * kv_capacity),
             t => t,
         }
     }

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ferrum_kernels::{CpuBackend, GgufQuantType};
 use ferrum_models::llama::{preset, LlamaConfig, LlamaModel};
-use ferrum_models::{DecoderOnlyLLM, KvManaged, LogitsWanted, Segment};
+use ferrum_models::{DecoderOnlyLLM, KvManaged, KvPoolConfig, LogitsWanted, Segment};
 
 /// Counts every allocation and reallocation, on any thread.
 struct Counting;
@@ -70,8 +70,10 @@ fn count_allocations() {
         (dense, GgufQuantType::Q4K),
         (small("qwen3-30b-a3b"), GgufQuantType::Q4K),
     ] {
-        let mut model =
-            KvManaged::new(LlamaModel::<CpuBackend>::random(cfg.clone(), ty, false, 3).unwrap());
+        let mut model = KvManaged::new(
+            LlamaModel::<CpuBackend>::random(cfg.clone(), ty, false, 3, &KvPoolConfig::default())
+                .unwrap(),
+        );
         let ids = ["a", "b"];
         for id in ids {
             model.prepare(id, 128);

@@ -12,27 +12,21 @@
 #![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
 
 use ferrum_kernels::{CpuBackend, GgufQuantType};
-use ferrum_models::llama::{preset, LlamaConfig, LlamaModel, Scoring};
-use ferrum_models::KvManaged;
+use ferrum_models::llama::{LlamaConfig, LlamaModel, Scoring};
+use ferrum_models::{KvManaged, KvPoolConfig};
 
 mod common;
 
-/// Qwen3-30B-A3B's layout at toy size: 16 experts of width 256, 4 active.
-fn small_moe() -> LlamaConfig {
-    let mut cfg = preset("qwen3-30b-a3b").unwrap();
-    (cfg.hidden, cfg.intermediate, cfg.layers) = (256, 512, 2);
-    (cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.rotary_dims) = (4, 2, 64, 64);
-    cfg.vocab = 1000;
-    cfg.sliding = vec![false; 2];
-    let moe = cfg.moe.as_mut().unwrap();
-    (moe.experts, moe.top_k, moe.intermediate) = (16, 4, 256);
-    moe.sparse = vec![true; 2];
-    cfg
-}
-
 fn batch_equals_alone(cfg: LlamaConfig) {
     let mut m = KvManaged::new(
-        LlamaModel::<CpuBackend>::random(cfg.clone(), GgufQuantType::Q4K, false, 5).unwrap(),
+        LlamaModel::<CpuBackend>::random(
+            cfg.clone(),
+            GgufQuantType::Q4K,
+            false,
+            5,
+            &KvPoolConfig::default(),
+        )
+        .unwrap(),
     );
     let prompt: Vec<u32> = (0..12).map(|i| (37 * i + 11) % 1000).collect();
     let (alone, together) = common::decode_alone_and_batched(&mut m, &prompt, 40);
@@ -48,12 +42,12 @@ fn batch_equals_alone(cfg: LlamaConfig) {
 
 #[test]
 fn a_moe_decode_batch_equals_its_sequences_alone() {
-    batch_equals_alone(small_moe());
+    batch_equals_alone(common::small_moe());
 }
 
 #[test]
 fn shared_experts_and_sigmoid_groups_too() {
-    let mut cfg = small_moe();
+    let mut cfg = common::small_moe();
     let moe = cfg.moe.as_mut().unwrap();
     moe.shared_intermediate = Some(256);
     moe.scoring = Scoring::Sigmoid;

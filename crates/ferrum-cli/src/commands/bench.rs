@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use ferrum_models::{DecoderOnlyLLM, KvManaged, PagedLlm};
+use ferrum_models::{DecoderOnlyLLM, KvManaged, KvPoolConfig, PagedLlm};
 
 use ferrum_kernels::GgufQuantType;
 use ferrum_models::llama::LlamaModel;
@@ -30,7 +30,8 @@ pub struct BenchArgs {
     #[arg(long, short = 'm', default_value = DEFAULT_MODEL)]
     model: String,
     /// Instead of --model, random weights of a known model's shapes:
-    /// llama3-8b, qwen2.5-7b, qwen2.5-1.5b or qwen2.5-0.5b.
+    /// llama3-8b, qwen2.5-7b, qwen2.5-1.5b, qwen2.5-0.5b or qwen3-30b-a3b
+    /// (a mixture of experts).
     #[arg(long, value_name = "PRESET")]
     random_weights: Option<String>,
     /// Block format of the random weights (q4_0, q4_1, q5_0, q5_1, q8_0, q2_k .. q6_k).
@@ -152,6 +153,7 @@ fn random_model(
     ty: &str,
     act_order: bool,
     device: Device,
+    pool: &KvPoolConfig,
 ) -> Result<Box<dyn PagedLlm>> {
     let Some(cfg) = ferrum_models::llama::preset(preset) else {
         bail!(
@@ -169,7 +171,7 @@ fn random_model(
     };
     device.init()?;
     on_device!(device, |B| Ok(Box::new(LlamaModel::<B>::random(
-        cfg, qt, act_order, 1
+        cfg, qt, act_order, 1, pool
     )?)))
 }
 
@@ -191,6 +193,11 @@ fn measure_all(args: BenchArgs) -> Result<()> {
     if args.repetitions == 0 {
         bail!("-r must be at least 1");
     }
+    // Room for the batch beside the single sequence.
+    let mut pool = args.kv.pool(args.device)?;
+    if let Some(b) = args.batch {
+        pool.sequences = pool.sequences.max(b + 1);
+    }
     let (name, model) = match &args.random_weights {
         Some(p) => (
             format!(
@@ -202,7 +209,13 @@ fn measure_all(args: BenchArgs) -> Result<()> {
                     ""
                 }
             ),
-            random_model(p, &args.random_type, args.random_act_order, args.device)?,
+            random_model(
+                p,
+                &args.random_type,
+                args.random_act_order,
+                args.device,
+                &pool,
+            )?,
         ),
         None => {
             let path = resolve(&args.model)?;
@@ -210,10 +223,7 @@ fn measure_all(args: BenchArgs) -> Result<()> {
             let name = path
                 .file_name()
                 .map_or_else(|| args.model.clone(), |n| n.to_string_lossy().into_owned());
-            (
-                name,
-                files.load_llm(args.device, &args.kv.pool(args.device)?)?,
-            )
+            (name, files.load_llm(args.device, &pool)?)
         }
     };
     let mut model = KvManaged::new(model);

@@ -83,12 +83,15 @@ const KERNELS: &[&str] = &[
     "fused_add_rms_norm",
     "layer_norm",
     "add_inplace",
+    "scale_add_rows",
+    "gather_add_rows",
     "add_bias",
     "gelu_erf",
     "silu_mul",
     "gelu_tanh_mul",
     "split_qkv",
     "embedding",
+    "gather_columns",
     "head_to_token",
     "kv_append",
     "qk_norm_rope",
@@ -98,6 +101,20 @@ const KERNELS: &[&str] = &[
 pub(crate) const QUANT_TYPES: &[&str] = &[
     "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
 ];
+
+/// Every kernel `open` loads: the fixed ones and each quantized type's.
+fn kernel_names() -> impl Iterator<Item = String> {
+    KERNELS
+        .iter()
+        .map(|k| k.to_string())
+        .chain(QUANT_TYPES.iter().flat_map(|t| {
+            [
+                format!("dequant_{t}"),
+                format!("gemv_{t}"),
+                format!("gemv_experts_{t}"),
+            ]
+        }))
+}
 
 /// Whether the CUDA libraries load and at least one GPU is visible.
 pub(crate) fn present() -> bool {
@@ -134,12 +151,7 @@ fn open(ordinal: usize) -> Result<Device> {
         .load_module(compile(arch)?)
         .map_err(|e| dev_err("cannot load the kernels", e))?;
     let mut funcs = HashMap::new();
-    let names = KERNELS.iter().map(|k| k.to_string()).chain(
-        QUANT_TYPES
-            .iter()
-            .flat_map(|t| [format!("dequant_{t}"), format!("gemv_{t}")]),
-    );
-    for n in names {
+    for n in kernel_names() {
         let f = module
             .load_function(&n)
             .map_err(|e| dev_err(&format!("kernel {n}"), e))?;
@@ -177,5 +189,31 @@ pub(crate) fn get() -> &'static Device {
     match DEVICE.get() {
         Some(d) => d,
         None => panic!("CudaBackend used before CudaBackend::init succeeded"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    /// Launches look kernels up by name, so a kernel missing from the list
+    /// fails only on a GPU: check the list against the source's entry
+    /// points (`##T` ones once per quantized type) here, without one.
+    #[test]
+    fn every_kernel_in_the_source_is_loaded_and_no_other() {
+        let mut in_source = BTreeSet::new();
+        for part in super::SOURCE.split("__global__ void ").skip(1) {
+            let name = &part[..part.find('(').unwrap_or(0)];
+            match name.strip_suffix("##T") {
+                Some(stem) => {
+                    in_source.extend(super::QUANT_TYPES.iter().map(|t| format!("{stem}{t}")))
+                }
+                None => {
+                    in_source.insert(name.to_string());
+                }
+            }
+        }
+        let loaded: BTreeSet<String> = super::kernel_names().collect();
+        assert_eq!(loaded, in_source);
     }
 }

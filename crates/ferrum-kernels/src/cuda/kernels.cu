@@ -84,6 +84,18 @@ extern "C" __global__ void scale_add_rows(const float* src, const unsigned* rows
     }
 }
 
+// dst[t, :] += sum over j < per of w[t * per + j] * src[rows[t * per + j], :]:
+// each token's expert outputs, in the order given, without atomics.
+extern "C" __global__ void gather_add_rows(const float* src, const unsigned* rows, const float* w,
+                                           float* dst, int tokens, int per, int dim) {
+    GRID_LOOP(t, (size_t)tokens * dim) {
+        size_t r = t / dim, c = t % dim;
+        float acc = dst[t];
+        for (int j = 0; j < per; j++) acc += w[r * per + j] * src[(size_t)rows[r * per + j] * dim + c];
+        dst[t] = acc;
+    }
+}
+
 extern "C" __global__ void add_bias(float* d, const float* b, int rows, int cols) {
     GRID_LOOP(i, (size_t)rows * cols) d[i] += b[i % cols];
 }
@@ -388,18 +400,6 @@ __device__ __forceinline__ void deq8_q8_0(const u8* b, int i, float* o) {
     float d = f16_at(b, 0);
     for (int e = 0; e < 8; e++) o[e] = (signed char)b[2 + i + e] * d;
 }
-__device__ __forceinline__ void deq8_q4_k(const u8* b, int i, float* o) {
-    int c = i >> 6, r = i & 63, hi = r >= 32, l0 = r & 31, s, m;
-    scale_min_k4(2 * c + hi, b + 4, &s, &m);
-    float ds = f16_at(b, 0) * s, dm = f16_at(b, 2) * m;
-    // Blocks are 144 bytes from a 256-byte aligned base: this is 8-aligned.
-    uint2 w = *(const uint2*)(b + 16 + c * 32 + l0);
-    int shift = hi ? 4 : 0;
-    for (int e = 0; e < 4; e++) {
-        o[e] = ds * ((w.x >> (8 * e + shift)) & 15) - dm;
-        o[e + 4] = ds * ((w.y >> (8 * e + shift)) & 15) - dm;
-    }
-}
 __device__ __forceinline__ void deq8_q6_k(const u8* b, int i, float* o) {
     int half = i >> 7, r = i & 127, seg = r >> 5, l0 = r & 31;
     const u8* ql = b + half * 64 + ((seg & 1) ? 32 : 0) + l0;
@@ -414,17 +414,22 @@ __device__ __forceinline__ void deq8_q6_k(const u8* b, int i, float* o) {
 
 // Per type: dequantize a whole [n, k] weight (for cuBLAS at m > 8), and a
 // GEMV-style kernel for m <= 8 rows that reads the blocks once: one warp per
-// output column, each lane taking groups of eight values in turn so a warp
-// reads 256 consecutive values' bytes per step.
-#define QUANT_KERNELS(T, QK, BB)                                                              \
+// output column. `gemv_experts_<T>` runs the same for every expert of a
+// mixture step in one launch: blockIdx.y picks a tile of `tiles` (two words
+// each: the expert's weight pointer, then the tile's first row | its row
+// count (<= 8) << 32).
+#define DEQUANT_KERNEL(T, QK, BB)                                                             \
 extern "C" __global__ void dequant_##T(const u8* w, float* out, int n, int k) {              \
     size_t rb = (size_t)(k / QK) * BB;                                                        \
     GRID_LOOP(e, (size_t)n * k) {                                                             \
         size_t row = e / k; int i = e % k;                                                    \
         out[e] = deq_##T(w + row * rb + (size_t)(i / QK) * BB, i % QK);                       \
     }                                                                                         \
-}                                                                                             \
-extern "C" __global__ void gemv_##T(const u8* w, const float* x, float* out, int m, int n, int k) { \
+}
+// The generic column loop: each lane takes groups of eight values in turn,
+// so a warp reads 256 consecutive values' bytes per step.
+#define GENERIC_COLS(T, QK, BB)                                                               \
+__device__ __forceinline__ void gemv_cols_##T(const u8* w, const float* x, float* out, int m, int n, int k) { \
     int col = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;          \
     if (col >= n) return;                                                                     \
     const u8* row = w + (size_t)col * (k / QK) * BB;                                          \
@@ -446,6 +451,67 @@ extern "C" __global__ void gemv_##T(const u8* w, const float* x, float* out, int
         if (lane == 0) out[(size_t)r * n + col] = s;                                          \
     }                                                                                         \
 }
+#define GEMV_KERNELS(T)                                                                       \
+extern "C" __global__ void gemv_##T(const u8* w, const float* x, float* out, int m, int n, int k) { \
+    gemv_cols_##T(w, x, out, m, n, k);                                                        \
+}                                                                                             \
+extern "C" __global__ void gemv_experts_##T(const unsigned long long* tiles, const float* x, float* out, int n, int k) { \
+    unsigned long long p = tiles[2 * blockIdx.y], rr = tiles[2 * blockIdx.y + 1];             \
+    size_t r0 = (u32)rr; int m = (int)(rr >> 32);                                             \
+    gemv_cols_##T((const u8*)p, x + r0 * k, out + r0 * n, m, n, k);                           \
+}
+#define QUANT_KERNELS(T, QK, BB) DEQUANT_KERNEL(T, QK, BB) GENERIC_COLS(T, QK, BB) GEMV_KERNELS(T)
+
+// Q4_K columns, the format most checkpoints ship: eight lanes share a
+// 144-byte superblock, each with one 16-byte load of 32 four-bit values
+// (16 of sub-block 2c in the low nibbles, 16 of sub-block 2c + 1 in the
+// high), so a warp reads four superblocks per step in wide loads and
+// decodes each pair of scales once per 32 values, not once per 8.
+__device__ __forceinline__ void gemv_cols_q4_k(const u8* w, const float* x, float* out, int m, int n, int k) {
+    int col = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    if (col >= n) return;
+    int nb = k / 256, c = (lane & 7) >> 1, h = lane & 1;
+    const u8* row = w + (size_t)col * nb * 144;
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int b = lane >> 3; b < nb; b += 4) {
+        // Superblocks are 144 bytes from a 256-byte aligned base and rows
+        // are whole superblocks: the word and 16-byte loads are aligned.
+        const u8* blk = row + (size_t)b * 144;
+        u32 dm = *(const u32*)blk;
+        int sl, ml, sh, mh;
+        scale_min_k4(2 * c, blk + 4, &sl, &ml);
+        scale_min_k4(2 * c + 1, blk + 4, &sh, &mh);
+        float d = h2f((unsigned short)(dm & 0xffff)), dmin = h2f((unsigned short)(dm >> 16));
+        uint4 q = *(const uint4*)(blk + 16 + c * 32 + h * 16);
+        u32 qw[4] = {q.x, q.y, q.z, q.w};
+        const float* xb = x + (size_t)b * 256 + c * 64 + h * 16;
+        for (int r = 0; r < 8; r++) {
+            if (r >= m) break;
+            const float4* xl = (const float4*)(xb + (size_t)r * k);
+            const float4* xh = (const float4*)(xb + (size_t)r * k + 32);
+            float dl = 0.f, dh = 0.f, suml = 0.f, sumh = 0.f;
+            for (int t = 0; t < 4; t++) {
+                u32 v = qw[t];
+                float4 a = xl[t], e = xh[t];
+                dl += (float)(v & 15) * a.x + (float)((v >> 8) & 15) * a.y
+                    + (float)((v >> 16) & 15) * a.z + (float)((v >> 24) & 15) * a.w;
+                dh += (float)((v >> 4) & 15) * e.x + (float)((v >> 12) & 15) * e.y
+                    + (float)((v >> 20) & 15) * e.z + (float)(v >> 28) * e.w;
+                suml += a.x + a.y + a.z + a.w;
+                sumh += e.x + e.y + e.z + e.w;
+            }
+            acc[r] += d * (sl * dl + sh * dh) - dmin * (ml * suml + mh * sumh);
+        }
+    }
+    for (int r = 0; r < 8; r++) {
+        if (r >= m) break;
+        float s = warp_sum(acc[r]);
+        if (lane == 0) out[(size_t)r * n + col] = s;
+    }
+}
+DEQUANT_KERNEL(q4_k, 256, 144)
+GEMV_KERNELS(q4_k)
+
 QUANT_KERNELS(q4_0, 32, 18)
 QUANT_KERNELS(q4_1, 32, 20)
 QUANT_KERNELS(q5_0, 32, 22)
@@ -453,6 +519,5 @@ QUANT_KERNELS(q5_1, 32, 24)
 QUANT_KERNELS(q8_0, 32, 34)
 QUANT_KERNELS(q2_k, 256, 84)
 QUANT_KERNELS(q3_k, 256, 110)
-QUANT_KERNELS(q4_k, 256, 144)
 QUANT_KERNELS(q5_k, 256, 176)
 QUANT_KERNELS(q6_k, 256, 210)

@@ -15,10 +15,12 @@ mod device;
 use std::sync::Arc;
 
 use cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
-use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use ferrum_types::{FerrumError, Result};
 
-use crate::backend::{AttnConfig, Backend, GgufQuantType, QkMode, QuantKind, QuantWeights};
+use crate::backend::{
+    AttnConfig, Backend, ExpertRows, GgufQuantType, QkMode, QuantKind, QuantWeights,
+};
 
 /// `Backend` on an NVIDIA GPU.
 pub struct CudaBackend;
@@ -84,6 +86,12 @@ fn linear(n: usize) -> LaunchConfig {
     }
 }
 
+/// Rows per expert up to which `gemm_quant_experts` runs an expert in the
+/// grouped GEMV (tiles of 8 rows that each read the expert's blocks, the
+/// repeats mostly from L2); an expert with more rows (prefill) is
+/// dequantized once and multiplied by cuBLAS.
+const GROUPED_GEMV_ROWS: usize = 64;
+
 /// One block of `threads` per row.
 fn per_row(rows: usize, threads: u32) -> LaunchConfig {
     LaunchConfig {
@@ -144,9 +152,9 @@ fn quant_name(t: GgufQuantType) -> &'static str {
 /// `out[m, n] = a[m, k] · w[n, k]ᵀ` with cuBLAS (column-major: outᵀ = w · aᵀ).
 fn sgemm(
     ctx: &mut CudaContext,
-    a: &CudaSlice<f32>,
-    w: &CudaSlice<f32>,
-    out: &mut CudaSlice<f32>,
+    a: &impl DevicePtr<f32>,
+    w: &impl DevicePtr<f32>,
+    out: &mut impl DevicePtrMut<f32>,
     m: usize,
     n: usize,
     k: usize,
@@ -585,6 +593,39 @@ impl Backend for CudaBackend {
         );
     }
 
+    fn gather_add_rows(
+        ctx: &mut CudaContext,
+        src: &Self::Buffer,
+        rows: &[u32],
+        weights: &[f32],
+        dst: &mut Self::Buffer,
+        per: usize,
+        dim: usize,
+    ) -> Result<()> {
+        let tokens = rows.len() / per.max(1);
+        let r = ctx.stream.clone_htod(rows);
+        let Some(dev_rows) = ctx.check(r, "upload of expert rows") else {
+            return Ok(());
+        };
+        let r = ctx.stream.clone_htod(weights);
+        let Some(dev_w) = ctx.check(r, "upload of expert weights") else {
+            return Ok(());
+        };
+        launch!(
+            ctx,
+            "gather_add_rows",
+            linear(tokens * dim),
+            src,
+            &dev_rows,
+            &dev_w,
+            dst,
+            &i(tokens),
+            &i(per),
+            &i(dim)
+        );
+        Ok(())
+    }
+
     fn add_bias(
         ctx: &mut CudaContext,
         data: &mut Self::Buffer,
@@ -734,6 +775,75 @@ impl Backend for CudaBackend {
             &i(k)
         );
         sgemm(ctx, a, scratch, out, m, n, k);
+        Ok(())
+    }
+
+    const GROUPED_EXPERTS: bool = true;
+
+    /// Experts with at most [`GROUPED_GEMV_ROWS`] rows share one launch
+    /// (a table of 8-row tiles: weight pointer, first row, rows); the rest
+    /// are dequantized and multiplied by cuBLAS one by one.
+    fn gemm_quant_experts(
+        ctx: &mut CudaContext,
+        a: &Self::Buffer,
+        groups: &[ExpertRows<'_, Self>],
+        out: &mut Self::Buffer,
+        n: usize,
+        k: usize,
+        quant_type: GgufQuantType,
+    ) -> Result<()> {
+        let t = quant_name(quant_type);
+        let stream = ctx.stream.clone();
+        let mut tiles: Vec<u64> = Vec::new();
+        for g in groups.iter().filter(|g| g.rows > 0) {
+            if g.rows > GROUPED_GEMV_ROWS {
+                let mut guard = scratch(&device::get().scratch, n * k);
+                let Some(w) = guard.as_mut() else {
+                    return Err(FerrumError::Device("scratch allocation failed".into()));
+                };
+                launch!(
+                    ctx,
+                    &format!("dequant_{t}"),
+                    linear(n * k),
+                    g.weights,
+                    &mut *w,
+                    &i(n),
+                    &i(k)
+                );
+                let rows_a = a.slice(g.start * k..(g.start + g.rows) * k);
+                let mut rows_out = out.slice_mut(g.start * n..(g.start + g.rows) * n);
+                sgemm(ctx, &rows_a, &*w, &mut rows_out, g.rows, n, k);
+                continue;
+            }
+            // The pointer is read by kernels queued on this same stream.
+            let (ptr, _sync) = g.weights.device_ptr(&stream);
+            for r0 in (0..g.rows).step_by(8) {
+                let rows = (g.rows - r0).min(8);
+                tiles.extend([ptr, (g.start + r0) as u64 | (rows as u64) << 32]);
+            }
+        }
+        if tiles.is_empty() {
+            return Ok(());
+        }
+        let r = ctx.stream.clone_htod(&tiles);
+        let Some(dev_tiles) = ctx.check(r, "upload of expert tiles") else {
+            return Ok(());
+        };
+        let lc = LaunchConfig {
+            grid_dim: ((n * 32).div_ceil(256) as u32, (tiles.len() / 2) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(
+            ctx,
+            &format!("gemv_experts_{t}"),
+            lc,
+            &dev_tiles,
+            a,
+            out,
+            &i(n),
+            &i(k)
+        );
         Ok(())
     }
 }

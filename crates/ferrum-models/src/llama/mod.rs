@@ -258,9 +258,10 @@ impl<B: Backend> LlamaModel<B> {
         ty: ferrum_kernels::GgufQuantType,
         act_order: bool,
         seed: u64,
+        pool: &KvPoolConfig,
     ) -> Result<Self> {
         let w = Weights::random(&cfg, ty, act_order, seed)?;
-        Ok(Self::new(cfg, w, &KvPoolConfig::default()))
+        Ok(Self::new(cfg, w, pool))
     }
 
     /// A pool smaller than one sequence's capacity lowers that capacity to

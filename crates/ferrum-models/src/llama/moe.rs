@@ -6,10 +6,15 @@
 //! quantized blocks) are read once per step for all the tokens routed to
 //! it, in prefill and batched decode alike: the expert's rows are gathered,
 //! run through its gated MLP as one GEMM, and added back to their tokens
-//! weighted ([`Backend::scale_add_rows`]). The routing itself (a softmax
-//! over a handful of experts per token) runs on the host.
+//! weighted ([`Backend::scale_add_rows`]). Where the backend groups experts
+//! ([`Backend::GROUPED_EXPERTS`], a GPU), all routed rows are gathered at
+//! once, sorted by expert, and each projection runs as one grouped GEMM
+//! over every expert of the step ([`Backend::gemm_quant_experts`]); each
+//! token then sums its experts' rows ([`Backend::gather_add_rows`]). The
+//! routing itself (a softmax over a handful of experts per token) runs on
+//! the host.
 
-use ferrum_kernels::Backend;
+use ferrum_kernels::{Backend, ExpertRows, GgufQuantType, QuantKind};
 use ferrum_types::Result;
 
 use super::config::{Activation, MoeConfig, Scoring};
@@ -41,6 +46,15 @@ pub struct Routing {
     pub weights: Vec<Vec<f32>>,
     /// Reused per token: (expert, weight, choice score).
     ranked: Vec<(usize, f32, f32)>,
+    /// For grouped experts ([`Routing::sort_by_expert`]): the routed rows
+    /// in expert order, each expert's span of them, and per token its
+    /// slots' positions in that order with their weights (`per` a token,
+    /// in expert order).
+    sorted: Vec<u32>,
+    spans: Vec<(usize, usize, usize)>,
+    slot_pos: Vec<u32>,
+    slot_weight: Vec<f32>,
+    filled: Vec<usize>,
 }
 
 impl Routing {
@@ -106,6 +120,35 @@ impl Routing {
         }
     }
 
+    /// Lays the last [`Self::route`] of `tokens` tokens, `per` experts each,
+    /// out for grouped experts: `sorted` (rows grouped by expert, experts
+    /// in order), `spans` (expert, first slot, slots) of the experts used,
+    /// and each token's `per` slot positions and weights, in expert order
+    /// as the one-by-one path adds them.
+    pub fn sort_by_expert(&mut self, tokens: usize, per: usize) {
+        self.sorted.clear();
+        self.spans.clear();
+        self.slot_pos.clear();
+        self.slot_pos.resize(tokens * per, 0);
+        self.slot_weight.clear();
+        self.slot_weight.resize(tokens * per, 0.0);
+        self.filled.clear();
+        self.filled.resize(tokens, 0);
+        for (e, (rows, weights)) in self.rows.iter().zip(&self.weights).enumerate() {
+            if rows.is_empty() {
+                continue;
+            }
+            self.spans.push((e, self.sorted.len(), rows.len()));
+            for (&r, &w) in rows.iter().zip(weights) {
+                let (r, slot) = (r as usize, &mut self.filled[r as usize]);
+                self.slot_pos[r * per + *slot] = self.sorted.len() as u32;
+                self.slot_weight[r * per + *slot] = w;
+                *slot += 1;
+                self.sorted.push(r as u32);
+            }
+        }
+    }
+
     /// Rules out the experts of all but the `keep` best of `groups` equal
     /// groups of `self.ranked` (in expert order); see [`Self::route`].
     fn keep_best_groups(&mut self, groups: usize, keep: usize, scoring: Scoring) {
@@ -166,17 +209,20 @@ impl<B: Backend> MoeScratch<B> {
         }
     }
 
-    fn ensure(&mut self, m: &MoeConfig, rows: usize, hidden: usize) {
-        if rows > self.rows {
+    /// Room for `rows` tokens; the experts' buffers hold `slots` rows
+    /// (`rows`, or `rows · top_k` when experts run grouped).
+    fn ensure(&mut self, m: &MoeConfig, rows: usize, slots: usize, hidden: usize) {
+        if slots > self.rows {
             let im = m.intermediate.max(m.shared_intermediate.unwrap_or(0));
-            self.router_out = B::alloc(rows * m.experts);
-            self.x = B::alloc(rows * hidden);
-            self.gate_up = B::alloc(rows * 2 * im);
-            self.act = B::alloc(rows * im);
-            self.out = B::alloc(rows * hidden);
-            self.zeros = vec![0.0; rows * hidden];
-            self.rows = rows;
+            self.router_out = B::alloc(slots * m.experts);
+            self.x = B::alloc(slots * hidden);
+            self.gate_up = B::alloc(slots * 2 * im);
+            self.act = B::alloc(slots * im);
+            self.out = B::alloc(slots * hidden);
+            self.zeros = vec![0.0; slots * hidden];
+            self.rows = slots;
         }
+        debug_assert!(rows <= self.rows);
     }
 }
 
@@ -194,7 +240,10 @@ impl<B: Backend> MoeWeights<B> {
         rows: usize,
         hidden: usize,
     ) -> Result<()> {
-        s.ensure(m, rows, hidden);
+        let grouped = self.grouped_types();
+        let per = m.top_k.min(m.experts);
+        let slots = if grouped.is_some() { rows * per } else { rows };
+        s.ensure(m, rows, slots, hidden);
         let (ne, im) = (m.experts, m.intermediate);
         self.router
             .forward(ctx, x, &mut s.router_out, rows, ne, hidden)?;
@@ -219,6 +268,21 @@ impl<B: Backend> MoeWeights<B> {
             )?,
             _ => B::write_from(ctx, &s.zeros[..rows * hidden], out, 0),
         }
+        if let Some((gate_up_type, down_type)) = grouped {
+            return self.run_grouped(
+                ctx,
+                act,
+                s,
+                x,
+                out,
+                rows,
+                per,
+                hidden,
+                im,
+                gate_up_type,
+                down_type,
+            );
+        }
         for (e, expert) in self.experts.iter().enumerate() {
             let picked = &s.routing.rows[e];
             let n = picked.len();
@@ -240,6 +304,94 @@ impl<B: Backend> MoeWeights<B> {
             B::scale_add_rows(ctx, &s.out, picked, &s.routing.weights[e], out, hidden);
         }
         Ok(())
+    }
+}
+
+impl<B: Backend> MoeWeights<B> {
+    /// The experts' GGUF types (gate-up, down) where they can run grouped:
+    /// the backend groups experts and every expert's projections are GGUF
+    /// blocks of one type each, in file order.
+    fn grouped_types(&self) -> Option<(GgufQuantType, GgufQuantType)> {
+        fn gguf<B: Backend>(l: &Linear<B>) -> Option<GgufQuantType> {
+            match l {
+                Linear::Quant {
+                    kind: QuantKind::Gguf { quant_type, .. },
+                    order: None,
+                    ..
+                } => Some(*quant_type),
+                _ => None,
+            }
+        }
+        if !B::GROUPED_EXPERTS {
+            return None;
+        }
+        let first = self.experts.first()?;
+        let types = (gguf(&first.gate_up)?, gguf(&first.down)?);
+        self.experts
+            .iter()
+            .all(|e| gguf(&e.gate_up) == Some(types.0) && gguf(&e.down) == Some(types.1))
+            .then_some(types)
+    }
+
+    /// The routed experts of a step as grouped GEMMs (see the module doc),
+    /// added to `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn run_grouped(
+        &self,
+        ctx: &mut B::Context,
+        act: Activation,
+        s: &mut MoeScratch<B>,
+        x: &B::Buffer,
+        out: &mut B::Buffer,
+        rows: usize,
+        per: usize,
+        hidden: usize,
+        im: usize,
+        gate_up_type: GgufQuantType,
+        down_type: GgufQuantType,
+    ) -> Result<()> {
+        let r = &mut s.routing;
+        r.sort_by_expert(rows, per);
+        let slots = r.sorted.len();
+        B::embedding_lookup(ctx, x, &r.sorted, &mut s.x, hidden);
+        let groups = |pick: fn(&Expert<B>) -> &Linear<B>| -> Vec<ExpertRows<'_, B>> {
+            r.spans
+                .iter()
+                .filter_map(|&(e, start, rows)| match pick(&self.experts[e]) {
+                    Linear::Quant { w, .. } => Some(ExpertRows {
+                        weights: w,
+                        start,
+                        rows,
+                    }),
+                    Linear::Dense(_) => None,
+                })
+                .collect()
+        };
+        B::gemm_quant_experts(
+            ctx,
+            &s.x,
+            &groups(|e| &e.gate_up),
+            &mut s.gate_up,
+            2 * im,
+            hidden,
+            gate_up_type,
+        )?;
+        match act {
+            Activation::Silu => B::fused_silu_mul_split(ctx, &s.gate_up, &mut s.act, slots, im),
+            Activation::GeluTanh => {
+                B::fused_gelu_tanh_mul_split(ctx, &s.gate_up, &mut s.act, slots, im)
+            }
+        }
+        B::gemm_quant_experts(
+            ctx,
+            &s.act,
+            &groups(|e| &e.down),
+            &mut s.out,
+            hidden,
+            im,
+            down_type,
+        )?;
+        B::gather_add_rows(ctx, &s.out, &r.slot_pos, &r.slot_weight, out, per, hidden)
     }
 }
 

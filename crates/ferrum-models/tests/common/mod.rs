@@ -1,6 +1,21 @@
 //! Helpers shared by the model test binaries.
 
+use ferrum_models::llama::{preset, LlamaConfig};
 use ferrum_models::DecoderOnlyLLM;
+
+/// Qwen3-30B-A3B's layout at toy size: 16 experts of width 256, 4 active.
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn small_moe() -> LlamaConfig {
+    let mut cfg = preset("qwen3-30b-a3b").unwrap();
+    (cfg.hidden, cfg.intermediate, cfg.layers) = (256, 512, 2);
+    (cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.rotary_dims) = (4, 2, 64, 64);
+    cfg.vocab = 1000;
+    cfg.sliding = vec![false; 2];
+    let moe = cfg.moe.as_mut().unwrap();
+    (moe.experts, moe.top_k, moe.intermediate) = (16, 4, 256);
+    moe.sparse = vec![true; 2];
+    cfg
+}
 
 /// Decodes one token for each of `n` sequences (prompt prefixes of lengths
 /// 1, 2, ... cycling, each then given its own token) first one sequence at
