@@ -400,6 +400,18 @@ __device__ __forceinline__ void deq8_q8_0(const u8* b, int i, float* o) {
     float d = f16_at(b, 0);
     for (int e = 0; e < 8; e++) o[e] = (signed char)b[2 + i + e] * d;
 }
+__device__ __forceinline__ void deq8_q4_k(const u8* b, int i, float* o) {
+    int c = i >> 6, r = i & 63, hi = r >= 32, l0 = r & 31, s, m;
+    scale_min_k4(2 * c + hi, b + 4, &s, &m);
+    float ds = f16_at(b, 0) * s, dm = f16_at(b, 2) * m;
+    // Blocks are 144 bytes from a 256-byte aligned base: this is 8-aligned.
+    uint2 w = *(const uint2*)(b + 16 + c * 32 + l0);
+    int shift = hi ? 4 : 0;
+    for (int e = 0; e < 4; e++) {
+        o[e] = ds * ((w.x >> (8 * e + shift)) & 15) - dm;
+        o[e + 4] = ds * ((w.y >> (8 * e + shift)) & 15) - dm;
+    }
+}
 __device__ __forceinline__ void deq8_q6_k(const u8* b, int i, float* o) {
     int half = i >> 7, r = i & 127, seg = r >> 5, l0 = r & 31;
     const u8* ql = b + half * 64 + ((seg & 1) ? 32 : 0) + l0;
@@ -462,55 +474,86 @@ extern "C" __global__ void gemv_experts_##T(const unsigned long long* tiles, con
 }
 #define QUANT_KERNELS(T, QK, BB) DEQUANT_KERNEL(T, QK, BB) GENERIC_COLS(T, QK, BB) GEMV_KERNELS(T)
 
-// Q4_K columns, the format most checkpoints ship: eight lanes share a
-// 144-byte superblock, each with one 16-byte load of 32 four-bit values
-// (16 of sub-block 2c in the low nibbles, 16 of sub-block 2c + 1 in the
-// high), so a warp reads four superblocks per step in wide loads and
-// decodes each pair of scales once per 32 values, not once per 8.
-__device__ __forceinline__ void gemv_cols_q4_k(const u8* w, const float* x, float* out, int m, int n, int k) {
-    int col = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
-    if (col >= n) return;
+// Dense Q4_K columns (the format most checkpoints ship) for gemv_q4_k:
+// each warp takes Q4K_COLS consecutive columns (the launch sizes its grid
+// for that); eight lanes share a 144-byte superblock, each with one 16-byte
+// load of 32 four-bit values per column (16 of sub-block 2c in the low
+// nibbles, 16 of sub-block 2c + 1 in the high), so a warp reads four
+// superblocks per column per step in wide loads, and each activation value
+// it loads serves Q4K_COLS columns. On an H200 (llama3-8b shapes, tg128)
+// this ran at 110 tok/s against 101 for the generic loop, which stays the
+// experts' kernel: their short matrices (Qwen3-30B-A3B, tg64) did better
+// with a warp per column, 103 against 95 tok/s (docs/perf-log.md).
+#define Q4K_COLS 4
+__device__ __forceinline__ void gemv_cols4_q4_k(const u8* w, const float* x, float* out, int m, int n, int k) {
+    int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    int col0 = warp * Q4K_COLS;
+    if (col0 >= n) return;
     int nb = k / 256, c = (lane & 7) >> 1, h = lane & 1;
-    const u8* row = w + (size_t)col * nb * 144;
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t rb = (size_t)nb * 144;
+    float acc[8][Q4K_COLS];
+    for (int r = 0; r < 8; r++)
+        for (int j = 0; j < Q4K_COLS; j++) acc[r][j] = 0.f;
     for (int b = lane >> 3; b < nb; b += 4) {
-        // Superblocks are 144 bytes from a 256-byte aligned base and rows
-        // are whole superblocks: the word and 16-byte loads are aligned.
-        const u8* blk = row + (size_t)b * 144;
-        u32 dm = *(const u32*)blk;
-        int sl, ml, sh, mh;
-        scale_min_k4(2 * c, blk + 4, &sl, &ml);
-        scale_min_k4(2 * c + 1, blk + 4, &sh, &mh);
-        float d = h2f((unsigned short)(dm & 0xffff)), dmin = h2f((unsigned short)(dm >> 16));
-        uint4 q = *(const uint4*)(blk + 16 + c * 32 + h * 16);
-        u32 qw[4] = {q.x, q.y, q.z, q.w};
+        u32 qw[Q4K_COLS][4];
+        float dl[Q4K_COLS], dh[Q4K_COLS], ml[Q4K_COLS], mh[Q4K_COLS];
+        for (int j = 0; j < Q4K_COLS; j++) {
+            int col = min(col0 + j, n - 1);
+            // Superblocks are 144 bytes from a 256-byte aligned base and
+            // rows are whole superblocks: word and 16-byte loads are aligned.
+            const u8* blk = w + (size_t)col * rb + (size_t)b * 144;
+            u32 dm = *(const u32*)blk;
+            int sl, mnl, sh, mnh;
+            scale_min_k4(2 * c, blk + 4, &sl, &mnl);
+            scale_min_k4(2 * c + 1, blk + 4, &sh, &mnh);
+            float d = h2f((unsigned short)(dm & 0xffff)), dmin = h2f((unsigned short)(dm >> 16));
+            dl[j] = d * sl; dh[j] = d * sh; ml[j] = dmin * mnl; mh[j] = dmin * mnh;
+            uint4 q = *(const uint4*)(blk + 16 + c * 32 + h * 16);
+            qw[j][0] = q.x; qw[j][1] = q.y; qw[j][2] = q.z; qw[j][3] = q.w;
+        }
         const float* xb = x + (size_t)b * 256 + c * 64 + h * 16;
         for (int r = 0; r < 8; r++) {
             if (r >= m) break;
             const float4* xl = (const float4*)(xb + (size_t)r * k);
             const float4* xh = (const float4*)(xb + (size_t)r * k + 32);
-            float dl = 0.f, dh = 0.f, suml = 0.f, sumh = 0.f;
+            float4 a[4], e[4];
+            float suml = 0.f, sumh = 0.f;
             for (int t = 0; t < 4; t++) {
-                u32 v = qw[t];
-                float4 a = xl[t], e = xh[t];
-                dl += (float)(v & 15) * a.x + (float)((v >> 8) & 15) * a.y
-                    + (float)((v >> 16) & 15) * a.z + (float)((v >> 24) & 15) * a.w;
-                dh += (float)((v >> 4) & 15) * e.x + (float)((v >> 12) & 15) * e.y
-                    + (float)((v >> 20) & 15) * e.z + (float)(v >> 28) * e.w;
-                suml += a.x + a.y + a.z + a.w;
-                sumh += e.x + e.y + e.z + e.w;
+                a[t] = xl[t]; e[t] = xh[t];
+                suml += a[t].x + a[t].y + a[t].z + a[t].w;
+                sumh += e[t].x + e[t].y + e[t].z + e[t].w;
             }
-            acc[r] += d * (sl * dl + sh * dh) - dmin * (ml * suml + mh * sumh);
+            for (int j = 0; j < Q4K_COLS; j++) {
+                float lo = 0.f, hi = 0.f;
+                for (int t = 0; t < 4; t++) {
+                    u32 v = qw[j][t];
+                    lo += (float)(v & 15) * a[t].x + (float)((v >> 8) & 15) * a[t].y
+                        + (float)((v >> 16) & 15) * a[t].z + (float)((v >> 24) & 15) * a[t].w;
+                    hi += (float)((v >> 4) & 15) * e[t].x + (float)((v >> 12) & 15) * e[t].y
+                        + (float)((v >> 20) & 15) * e[t].z + (float)(v >> 28) * e[t].w;
+                }
+                acc[r][j] += dl[j] * lo + dh[j] * hi - ml[j] * suml - mh[j] * sumh;
+            }
         }
     }
     for (int r = 0; r < 8; r++) {
         if (r >= m) break;
-        float s = warp_sum(acc[r]);
-        if (lane == 0) out[(size_t)r * n + col] = s;
+        for (int j = 0; j < Q4K_COLS; j++) {
+            float s = warp_sum(acc[r][j]);
+            if (lane == 0 && col0 + j < n) out[(size_t)r * n + col0 + j] = s;
+        }
     }
 }
 DEQUANT_KERNEL(q4_k, 256, 144)
-GEMV_KERNELS(q4_k)
+GENERIC_COLS(q4_k, 256, 144)
+extern "C" __global__ void gemv_q4_k(const u8* w, const float* x, float* out, int m, int n, int k) {
+    gemv_cols4_q4_k(w, x, out, m, n, k);
+}
+extern "C" __global__ void gemv_experts_q4_k(const unsigned long long* tiles, const float* x, float* out, int n, int k) {
+    unsigned long long p = tiles[2 * blockIdx.y], rr = tiles[2 * blockIdx.y + 1];
+    size_t r0 = (u32)rr; int m = (int)(rr >> 32);
+    gemv_cols_q4_k((const u8*)p, x + r0 * k, out + r0 * n, m, n, k);
+}
 
 QUANT_KERNELS(q4_0, 32, 18)
 QUANT_KERNELS(q4_1, 32, 20)

@@ -742,9 +742,14 @@ impl Backend for CudaBackend {
             _ => a,
         };
         if m <= 8 {
-            // One warp per output column reads the blocks once for all m rows.
+            // A warp per output column (Q4_K: per four, `Q4K_COLS` in
+            // kernels.cu) reads the blocks once for all m rows.
+            let warps = match quant_type {
+                GgufQuantType::Q4K => n.div_ceil(4),
+                _ => n,
+            };
             let lc = LaunchConfig {
-                grid_dim: ((n * 32).div_ceil(256) as u32, 1, 1),
+                grid_dim: ((warps * 32).div_ceil(256) as u32, 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
