@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 use ferrum_kernels::{CpuBackend, CudaBackend, GgufQuantType};
-use ferrum_models::llama::{LlamaModel, Scoring};
+use ferrum_models::llama::LlamaModel;
 use ferrum_models::{DecoderOnlyLLM, KvDtype, KvManaged, KvPoolConfig};
 use serde_json::Value;
 
@@ -33,13 +33,22 @@ fn argmax(x: &[f32]) -> u32 {
     best as u32
 }
 
-#[test]
-fn gpu_models_match_cpu_and_transformers() {
+/// Skips (with a note) only when there is no GPU; a GPU that fails to
+/// initialise fails the test.
+fn gpu() -> bool {
     if !CudaBackend::device_present() {
         eprintln!("skipped: no CUDA GPU found");
-        return;
+        return false;
     }
     CudaBackend::init(0).unwrap();
+    true
+}
+
+#[test]
+fn gpu_models_match_cpu_and_transformers() {
+    if !gpu() {
+        return;
+    }
     for name in [
         "llama",
         "llama-rope-scaling",
@@ -126,11 +135,9 @@ fn quant_fixtures() -> PathBuf {
 /// CUDA kernels keep activations in f32, and the same 16 greedy tokens.
 #[test]
 fn gpu_runs_quantized_checkpoints_as_their_dequantized_weights() {
-    if !CudaBackend::device_present() {
-        eprintln!("skipped: no CUDA GPU found");
+    if !gpu() {
         return;
     }
-    CudaBackend::init(0).unwrap();
     let Ok(entries) = std::fs::read_dir(quant_fixtures()) else {
         eprintln!(
             "skipping quantized checkpoints: {} not found",
@@ -199,16 +206,9 @@ fn gpu_runs_quantized_checkpoints_as_their_dequantized_weights() {
 /// expert and DeepSeek V3's sigmoid groups too.
 #[test]
 fn gpu_moe_matches_cpu_and_batches_equal_alone() {
-    if !CudaBackend::device_present() {
-        eprintln!("skipped: no CUDA GPU found");
+    if !gpu() {
         return;
     }
-    CudaBackend::init(0).unwrap();
-    let mut shared = common::small_moe();
-    let moe = shared.moe.as_mut().unwrap();
-    moe.shared_intermediate = Some(256);
-    moe.scoring = Scoring::Sigmoid;
-    moe.groups = Some((4, 2));
     // Room for the 40 sequences at once (CUDA gives each a whole block).
     let forty = KvPoolConfig {
         sequences: 40,
@@ -216,7 +216,7 @@ fn gpu_moe_matches_cpu_and_batches_equal_alone() {
     };
     for (what, cfg) in [
         ("qwen3-moe", common::small_moe()),
-        ("shared+groups", shared),
+        ("shared+groups", common::small_moe_shared_groups()),
     ] {
         let mut c = LlamaModel::<CpuBackend>::random(
             cfg.clone(),
@@ -231,7 +231,7 @@ fn gpu_moe_matches_cpu_and_batches_equal_alone() {
         let mut gpu = KvManaged::new(
             LlamaModel::<CudaBackend>::random(cfg, GgufQuantType::Q4K, false, 5, &forty).unwrap(),
         );
-        let prompt: Vec<u32> = (0..12).map(|i| (37 * i + 11) % 1000).collect();
+        let prompt = common::moe_prompt();
         let mut c = cpu.prefill("s", &prompt);
         let mut g = gpu.prefill("s", &prompt);
         for pos in prompt.len()..prompt.len() + 8 {
@@ -256,13 +256,6 @@ fn gpu_moe_matches_cpu_and_batches_equal_alone() {
         }
         gpu.reset();
         let (alone, together) = common::decode_alone_and_batched(&mut gpu, &prompt, 40);
-        for (i, (x, y)) in together.iter().zip(&alone).enumerate() {
-            let scale = y.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let worst = x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
-            assert!(
-                worst <= 1e-4 * scale,
-                "{what}: sequence {i} batched differs by {worst} (largest {scale})"
-            );
-        }
+        common::assert_batch_equals_alone(what, &alone, &together);
     }
 }

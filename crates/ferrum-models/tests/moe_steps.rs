@@ -12,7 +12,7 @@
 #![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
 
 use ferrum_kernels::{CpuBackend, GgufQuantType};
-use ferrum_models::llama::{LlamaConfig, LlamaModel, Scoring};
+use ferrum_models::llama::{LlamaConfig, LlamaModel};
 use ferrum_models::{KvManaged, KvPoolConfig};
 
 mod common;
@@ -20,7 +20,7 @@ mod common;
 fn batch_equals_alone(cfg: LlamaConfig) {
     let mut m = KvManaged::new(
         LlamaModel::<CpuBackend>::random(
-            cfg.clone(),
+            cfg,
             GgufQuantType::Q4K,
             false,
             5,
@@ -28,16 +28,8 @@ fn batch_equals_alone(cfg: LlamaConfig) {
         )
         .unwrap(),
     );
-    let prompt: Vec<u32> = (0..12).map(|i| (37 * i + 11) % 1000).collect();
-    let (alone, together) = common::decode_alone_and_batched(&mut m, &prompt, 40);
-    for (i, (x, y)) in together.iter().zip(&alone).enumerate() {
-        let scale = y.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let worst = x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
-        assert!(
-            worst <= 1e-4 * scale,
-            "sequence {i}: logits differ by {worst} (largest {scale})"
-        );
-    }
+    let (alone, together) = common::decode_alone_and_batched(&mut m, &common::moe_prompt(), 40);
+    common::assert_batch_equals_alone("CPU", &alone, &together);
 }
 
 #[test]
@@ -47,10 +39,5 @@ fn a_moe_decode_batch_equals_its_sequences_alone() {
 
 #[test]
 fn shared_experts_and_sigmoid_groups_too() {
-    let mut cfg = common::small_moe();
-    let moe = cfg.moe.as_mut().unwrap();
-    moe.shared_intermediate = Some(256);
-    moe.scoring = Scoring::Sigmoid;
-    moe.groups = Some((4, 2));
-    batch_equals_alone(cfg);
+    batch_equals_alone(common::small_moe_shared_groups());
 }

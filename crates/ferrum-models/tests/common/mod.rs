@@ -1,6 +1,6 @@
 //! Helpers shared by the model test binaries.
 
-use ferrum_models::llama::{preset, LlamaConfig};
+use ferrum_models::llama::{preset, LlamaConfig, Scoring};
 use ferrum_models::DecoderOnlyLLM;
 
 /// Qwen3-30B-A3B's layout at toy size: 16 experts of width 256, 4 active.
@@ -15,6 +15,40 @@ pub fn small_moe() -> LlamaConfig {
     (moe.experts, moe.top_k, moe.intermediate) = (16, 4, 256);
     moe.sparse = vec![true; 2];
     cfg
+}
+
+/// [`small_moe`] with a shared expert and DeepSeek V3's sigmoid router
+/// keeping 2 of 4 expert groups.
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn small_moe_shared_groups() -> LlamaConfig {
+    let mut cfg = small_moe();
+    let moe = cfg.moe.as_mut().unwrap();
+    moe.shared_intermediate = Some(256);
+    moe.scoring = Scoring::Sigmoid;
+    moe.groups = Some((4, 2));
+    cfg
+}
+
+/// A 12-token prompt inside [`small_moe`]'s vocabulary.
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn moe_prompt() -> Vec<u32> {
+    (0..12).map(|i| (37 * i + 11) % 1000).collect()
+}
+
+/// Each batched sequence's logits within 1e-4 of the largest of its logits
+/// alone: the f32 router GEMM rounds differently for different row counts,
+/// while a wrong expert, row or weight moves logits by far more (dropping
+/// one expert's output moved them by 2% of the largest).
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn assert_batch_equals_alone(what: &str, alone: &[Vec<f32>], together: &[Vec<f32>]) {
+    for (i, (x, y)) in together.iter().zip(alone).enumerate() {
+        let scale = y.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+        assert!(
+            worst <= 1e-4 * scale,
+            "{what}: sequence {i} batched differs by {worst} (largest {scale})"
+        );
+    }
 }
 
 /// Decodes one token for each of `n` sequences (prompt prefixes of lengths
