@@ -111,8 +111,9 @@ pub(crate) fn weight_bytes(ty: GgmlType, n: usize, k: usize) -> usize {
 
 /// Where value `v` (0..256) of row `r` sits in a group block of `ty`: the
 /// byte of its nibble, the byte of its high bits (Q5_K, Q6_K), its half
-/// and chunk `u`.
-#[inline(always)]
+/// and chunk `u`: the layout's rule per value, which [`put_row`] follows
+/// span by span and the tests read back with.
+#[cfg(test)]
 fn place(ty: GgmlType, r: usize, v: usize) -> (usize, usize, usize, usize) {
     let (j, t) = (v / 32, v % 32);
     let (half, u, byte) = (t / 16, t % 16 / 4, 4 * r + t % 4);
@@ -140,13 +141,26 @@ fn put_row(ty: GgmlType, src: &[u8], r: usize, dst: &mut [u8]) {
             dst[96 + 8 * j + r] = mn;
         }
     }
-    for (v, &x) in file_quants(ty, src).iter().enumerate() {
-        let (at, high, half, u) = place(ty, r, v);
-        dst[at] |= (x & 0x0F) << (4 * half);
-        match ty {
-            GgmlType::Q5_K => dst[high] |= (x >> 4) << (4 * half + u),
-            GgmlType::Q6_K => dst[high] |= (x >> 4) << (2 * u),
-            _ => {}
+    // Span by span, each nibble byte written whole from its two values
+    // (the layout's rule, as `place` states it per value): this runs at
+    // load over every weight, a value at a time it took most of a large
+    // MoE file's load.
+    let q = file_quants(ty, src);
+    let span_len = span_at(ty, 1) - span_at(ty, 0);
+    for (j, q) in q.chunks_exact(32).enumerate() {
+        let span = &mut dst[span_at(ty, j)..][..span_len];
+        let (lo, hi) = q.split_at(16);
+        for (t, (&a, &b)) in lo.iter().zip(hi).enumerate() {
+            let (u, byte) = (t / 4, 4 * r + t % 4);
+            span[32 * u + byte] = (a & 0x0F) | (b & 0x0F) << 4;
+            match ty {
+                GgmlType::Q5_K => span[128 + byte] |= (a >> 4) << u | (b >> 4) << (4 + u),
+                GgmlType::Q6_K => {
+                    span[128 + byte] |= (a >> 4) << (2 * u);
+                    span[160 + byte] |= (b >> 4) << (2 * u);
+                }
+                _ => {}
+            }
         }
     }
 }
