@@ -5,7 +5,7 @@ hf-tiny fixtures do not cover: YaRN RoPE, DeepSeek-V2-Lite's attention
 (`noaux_tc`: sigmoid scores, a per-expert selection bias, groups ranked by
 their two best scores).
 
-    python scripts/make_extra_fixtures.py [OUT_DIR]
+    python scripts/make_extra_fixtures.py [OUT_DIR [NAME ...]]
 
 Run in a venv with torch and transformers 5.24 (the version the shared
 fixtures' newest rows were made with). It reuses `make_hf_tiny.py` from
@@ -76,6 +76,14 @@ def configs():
         "sigmoid scores, random e_score_correction_bias N(0, 0.2) added for the choice only, 4 groups of 2 "
         "ranked by the sum of their two best biased scores, best 2 groups kept, top-2, renormalised, x2.5",
     )
+    v3 = c["deepseek-v3"][1].to_dict()
+    v3["rope_interleave"] = False
+    c["deepseek-v3-halves"] = (
+        DeepseekV3ForCausalLM,
+        DeepseekV3Config(**{k: v for k, v in v3.items() if k in DeepseekV3Config().to_dict()}),
+        "deepseek-v3 with rope_interleave false: its rope dims rotate in halves (i, i + d/2), not in "
+        "adjacent pairs as DeepSeek's own checkpoints store them",
+    )
     return c
 
 
@@ -99,8 +107,10 @@ def main():
     os.makedirs(out, exist_ok=True)
     torch.set_num_threads(1)
     base.transformers.logging.set_verbosity_error()
+    only = sys.argv[2:]
     for name, (cls, cfg, note) in configs().items():
-        base.make_decoder(name, cls, cfg, note, out)
+        if not only or name in only:
+            base.make_decoder(name, cls, cfg, note, out)
 
 
 if __name__ == "__main__":

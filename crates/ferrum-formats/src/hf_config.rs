@@ -90,6 +90,10 @@ pub struct HfConfig {
     pub qk_nope_head_dim: Option<usize>,
     pub qk_rope_head_dim: Option<usize>,
     pub v_head_dim: Option<usize>,
+    /// DeepSeek V3: whether the rope dims of q and k rotate in adjacent
+    /// pairs (`true`, the default, as DeepSeek's checkpoints store them) or
+    /// in halves.
+    pub rope_interleave: Option<bool>,
     pub num_experts_per_tok: Option<usize>,
     pub moe_intermediate_size: Option<usize>,
     pub norm_topk_prob: Option<bool>,

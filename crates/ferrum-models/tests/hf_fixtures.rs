@@ -39,6 +39,7 @@ const CAUSAL: &[&str] = &[
     "qwen2-yarn",
     "deepseek-v2-lite",
     "deepseek-v3",
+    "deepseek-v3-halves",
 ];
 
 /// A fixture folder: this crate's own (`tests/data/hf-tiny`) or the shared

@@ -59,6 +59,10 @@ pub struct MlaConfig {
     pub nope: usize,
     pub rope: usize,
     pub v: usize,
+    /// The rope dims rotate in adjacent pairs `(2i, 2i + 1)` as DeepSeek's
+    /// checkpoints (and every GGUF) store them; `false` (Hugging Face's
+    /// `rope_interleave: false`): in halves `(i, i + rope/2)`.
+    pub rope_interleaved: bool,
 }
 
 impl MoeConfig {
@@ -251,11 +255,16 @@ impl LlamaConfig {
         let mut out = Vec::new();
         out.push(match &self.mla {
             Some(m) => format!(
-                "attention:      latent (kv rank {} + {} rope dims cached per token{})",
+                "attention:      latent (kv rank {} + {} rope dims cached per token{}{})",
                 m.kv_lora_rank,
                 m.rope,
                 m.q_lora_rank
-                    .map_or(String::new(), |r| format!(", q rank {r}"))
+                    .map_or(String::new(), |r| format!(", q rank {r}")),
+                if m.rope_interleaved {
+                    ""
+                } else {
+                    ", rope in halves"
+                }
             ),
             None => format!(
                 "attention:      {} heads / {} kv, head_dim {}",
@@ -417,6 +426,7 @@ impl LlamaConfig {
             nope: need(c.qk_nope_head_dim, "qk_nope_head_dim")?,
             rope: need(c.qk_rope_head_dim, "qk_rope_head_dim")?,
             v: need(c.v_head_dim, "v_head_dim")?,
+            rope_interleaved: c.rope_interleave.unwrap_or(true),
         };
         if !mla.rope.is_multiple_of(2) {
             return Err(bad(format!("qk_rope_head_dim {} is odd", mla.rope)));
@@ -539,6 +549,7 @@ impl LlamaConfig {
                 nope: qk - rope,
                 rope,
                 v: u("attention.value_length_mla")?,
+                rope_interleaved: true,
             })
         } else {
             None

@@ -17,7 +17,7 @@
 //!
 //! Layouts: a head's query dims are reordered at load so its `rope` dims
 //! sit where the rotate-half kernel pairs them (see `weights.rs`), and the
-//! rope key's interleaved pairs likewise; `q·k` is unchanged by the common
+//! rope key's pairs likewise; `q·k` is unchanged by the common
 //! reordering.
 
 use ferrum_kernels::{AttnConfig, Backend, PagedKv, QkMode};

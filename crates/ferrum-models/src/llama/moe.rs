@@ -481,6 +481,37 @@ mod tests {
         assert_eq!(r.rows, vec![vec![0], vec![], vec![0], vec![]]);
     }
 
+    /// The grouped layout (the GPU's path, which CI cannot run): rows in
+    /// expert order, each used expert's span, and every token's slots
+    /// pointing back at its own rows with its weights, in expert order.
+    #[test]
+    fn sorting_by_expert_keeps_each_tokens_experts_and_weights() {
+        let mut r = Routing::default();
+        let logits = [
+            0.0, 2.0, 1.0, 3.0, // token 0: experts 3, 1
+            5.0, 0.0, 4.0, 0.0, // token 1: experts 0, 2
+            0.0, 1.0, 0.0, 2.0, // token 2: experts 3, 1
+        ];
+        r.route(&logits, &moe(2, true, 1.0, None), None);
+        r.sort_by_expert(3, 2);
+        assert_eq!(r.sorted, vec![1, 0, 2, 1, 0, 2]);
+        assert_eq!(r.spans, vec![(0, 0, 1), (1, 1, 2), (2, 3, 1), (3, 4, 2)]);
+        assert_eq!(r.slot_pos, vec![1, 4, 0, 3, 2, 5]);
+        for t in 0..3 {
+            for j in 0..2 {
+                let pos = r.slot_pos[t * 2 + j] as usize;
+                assert_eq!(r.sorted[pos] as usize, t);
+                let (e, start, _) = *r.spans.iter().rev().find(|s| s.1 <= pos).unwrap();
+                let i = r.rows[e].iter().position(|&x| x as usize == t).unwrap();
+                assert_eq!(
+                    r.slot_weight[t * 2 + j],
+                    r.weights[e][i],
+                    "token {t} start {start}"
+                );
+            }
+        }
+    }
+
     fn sigmoid(x: f32) -> f32 {
         1.0 / (1.0 + (-x).exp())
     }

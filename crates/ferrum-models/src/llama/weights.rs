@@ -816,15 +816,14 @@ fn load_moe<B: Backend>(
     })
 }
 
-/// Interleaved RoPE pairs `(2i, 2i + 1)` (DeepSeek's rope dims) in the
-/// rotate-half order `(i, i + d/2)`: slot `i` takes dim `src(i)`.
-fn interleaved_to_half(d: usize) -> impl Fn(usize) -> usize {
-    move |i| {
-        if i < d / 2 {
-            2 * i
-        } else {
-            2 * (i - d / 2) + 1
-        }
+/// `d` rope dims in the rotate-half order `(i, i + d/2)` the kernels use:
+/// slot `i` takes dim `src(i)`. Interleaved pairs `(2i, 2i + 1)`
+/// (DeepSeek's checkpoints) are gathered; halves stay where they are.
+fn rope_to_half(d: usize, interleaved: bool) -> impl Fn(usize) -> usize {
+    move |i| match (interleaved, i < d / 2) {
+        (false, _) => i,
+        (true, true) => 2 * i,
+        (true, false) => 2 * (i - d / 2) + 1,
     }
 }
 
@@ -857,7 +856,7 @@ fn load_mla<B: Backend>(
         }
         Source::Hf(..) => format!("model.layers.{i}.self_attn.{hf}"),
     };
-    let inter = interleaved_to_half(rope);
+    let inter = rope_to_half(rope, m.rope_interleaved);
     let partial = partial_rotary_row_of(qk, rope);
     // Head slot -> the Hugging Face dim it holds (within a head).
     let hf_dim = |slot: usize| {
