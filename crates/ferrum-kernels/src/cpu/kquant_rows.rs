@@ -60,8 +60,14 @@ use crate::quant::{file_quants, scale_min_k4};
 /// Weight rows per group: the i32 lanes of a 256-bit vector.
 pub(crate) const ROWS: usize = 8;
 
-/// Activation rows per kernel call.
-const ACT_ROWS: usize = 4;
+/// Activation rows per kernel call with VNNI, whose 32 vector registers
+/// hold eight rows' sums: each group's weights are unpacked once for eight
+/// (Qwen2.5-Coder-1.5B Q4_K_M on a Zen 4: batch-8 decode 75-77 tok/s
+/// against 61-69 at four rows a call, pp256 +3-10%).
+const ACT_ROWS: usize = 8;
+
+/// Activation rows per call on AVX2 (16 registers).
+const AVX2_ROWS: usize = 4;
 
 /// Groups per parallel task.
 const GROUPS_PER_TASK: usize = 4;
@@ -303,14 +309,15 @@ pub(crate) fn gemm(act: &ActRows, w: &[u8], ty: GgmlType, out: &mut [f32], m: us
     let tasks = groups.div_ceil(GROUPS_PER_TASK);
     // Checked once here for every group's outliers.
     assert!(!act.a8 || (0..m).all(|r| act.row_outliers(r).iter().all(|o| (o.at as usize) < k)));
+    let step = rows_per_call();
     for block in act.blocks(m) {
         (0..tasks).into_par_iter().for_each(|t| {
             let mut res = [[0f32; ROWS]; ACT_ROWS];
             for g in t * GROUPS_PER_TASK..((t + 1) * GROUPS_PER_TASK).min(groups) {
                 let gw = &w[g * gb..][..gb];
                 let (j0, valid) = (g * ROWS, ROWS.min(n - g * ROWS));
-                for r0 in block.clone().step_by(ACT_ROWS) {
-                    let rows = ACT_ROWS.min(block.end - r0);
+                for r0 in block.clone().step_by(step) {
+                    let rows = step.min(block.end - r0);
                     dot_group(ty, gw, act, r0, rows, &mut res);
                     if act.a8 && m <= GROUP_OUTLIERS_MAX_M {
                         for (c, res) in res[..rows].iter_mut().enumerate() {
@@ -335,8 +342,17 @@ pub(crate) fn gemm(act: &ActRows, w: &[u8], ty: GgmlType, out: &mut [f32], m: us
     }
 }
 
-/// `out[c][r] = act[r0 + c] · dequant(row r of group gw)` for `m ≤ 4`
-/// activation rows.
+/// Activation rows one [`dot_group`] call takes on this CPU.
+fn rows_per_call() -> usize {
+    if super::features::has_vnni() {
+        ACT_ROWS
+    } else {
+        AVX2_ROWS
+    }
+}
+
+/// `out[c][r] = act[r0 + c] · dequant(row r of group gw)` for `m`
+/// activation rows: at most [`ACT_ROWS`] with VNNI, [`AVX2_ROWS`] without.
 fn dot_group(
     ty: GgmlType,
     gw: &[u8],
@@ -345,7 +361,7 @@ fn dot_group(
     m: usize,
     out: &mut [[f32; ROWS]; ACT_ROWS],
 ) {
-    assert!((1..=ACT_ROWS).contains(&m) && gw.len() == act.k / 256 * group_bytes(ty));
+    assert!((1..=rows_per_call()).contains(&m) && gw.len() == act.k / 256 * group_bytes(ty));
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `supports` checked AVX2/FMA/F16C (and `has_vnni` the VNNI
     // entry's features); `gemm` asserted the activation extents.
@@ -463,7 +479,7 @@ mod tests {
     fn kernels_agree_bitwise_and_rows_are_independent() {
         use rand::{rngs::StdRng, Rng, SeedableRng};
 
-        use super::{quantize, supports, x86, ACT_ROWS};
+        use super::{quantize, supports, x86, ACT_ROWS, AVX2_ROWS};
         use crate::cpu::act_quant::ActRows;
         if !supports(GgmlType::Q4_K) {
             eprintln!("skipped: no AVX2");
@@ -482,21 +498,37 @@ mod tests {
             for a8 in [false, true] {
                 let mut act = ActRows::default();
                 quantize(&mut act, &a, ACT_ROWS, k, a8);
+                // The reference: each row alone on AVX2.
                 let mut all = [[0f32; ROWS]; ACT_ROWS];
-                // SAFETY: AVX2 checked; one group and four rows.
-                unsafe { x86::dot_group_avx2(ty, w.as_ptr(), &act, 0, ACT_ROWS, &mut all) };
+                for (r, all) in all.iter_mut().enumerate() {
+                    let mut x = [[0f32; ROWS]; ACT_ROWS];
+                    // SAFETY: AVX2 checked; one group, row r < ACT_ROWS.
+                    unsafe { x86::dot_group_avx2(ty, w.as_ptr(), &act, r, 1, &mut x) };
+                    *all = x[0];
+                }
                 for m in 1..=ACT_ROWS {
                     for r0 in 0..=ACT_ROWS - m {
                         let (mut x, mut y) = ([[0f32; ROWS]; ACT_ROWS], [[0f32; ROWS]; ACT_ROWS]);
-                        // SAFETY: as above; VNNI only where detected.
+                        // SAFETY: as above; AVX2 up to its rows per call,
+                        // VNNI only where detected.
                         unsafe {
-                            x86::dot_group_avx2(ty, w.as_ptr(), &act, r0, m, &mut x);
+                            if m <= AVX2_ROWS {
+                                x86::dot_group_avx2(ty, w.as_ptr(), &act, r0, m, &mut x);
+                                assert_eq!(
+                                    x[..m],
+                                    all[r0..r0 + m],
+                                    "{ty} rows {r0}+{m} 8-bit {a8}"
+                                );
+                            }
                             if vnni {
                                 x86::dot_group_vnni(ty, w.as_ptr(), &act, r0, m, &mut y);
-                                assert_eq!(x[..m], y[..m], "{ty} m{m} 8-bit {a8}");
+                                assert_eq!(
+                                    y[..m],
+                                    all[r0..r0 + m],
+                                    "{ty} VNNI rows {r0}+{m} 8-bit {a8}"
+                                );
                             }
                         }
-                        assert_eq!(x[..m], all[r0..r0 + m], "{ty} rows {r0}+{m} 8-bit {a8}");
                     }
                 }
             }

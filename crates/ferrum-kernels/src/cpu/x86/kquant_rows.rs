@@ -324,7 +324,12 @@ unsafe fn by_type<const VNNI: bool>(
                 1 => group::<$f, VNNI, 1>(g, act, r0, out),
                 2 => group::<$f, VNNI, 2>(g, act, r0, out),
                 3 => group::<$f, VNNI, 3>(g, act, r0, out),
-                _ => group::<$f, VNNI, 4>(g, act, r0, out),
+                4 => group::<$f, VNNI, 4>(g, act, r0, out),
+                5 if VNNI => group::<$f, VNNI, 5>(g, act, r0, out),
+                6 if VNNI => group::<$f, VNNI, 6>(g, act, r0, out),
+                7 if VNNI => group::<$f, VNNI, 7>(g, act, r0, out),
+                _ if VNNI => group::<$f, VNNI, 8>(g, act, r0, out),
+                _ => unreachable!("AVX2 kernel called for {m} rows"),
             }
         };
     }
