@@ -241,7 +241,7 @@ fn columns(w: &[u8], ty: GgmlType, k: usize) -> impl super::outliers::Columns + 
         assert!(
             rows.start.is_multiple_of(ROWS)
                 && rows.len() <= ROWS
-                && cols.len() >= rows.len() * union.len()
+                && cols.len() >= ROWS * union.len()
         );
         let gw = &w[g * nb * gb..][..nb * gb];
         for (s, &at) in union.iter().enumerate() {
@@ -249,15 +249,14 @@ fn columns(w: &[u8], ty: GgmlType, k: usize) -> impl super::outliers::Columns + 
             assert!(at < k);
             #[cfg(target_arch = "x86_64")]
             {
-                let mut v = [0f32; ROWS];
+                // The group's eight rows (past `n`: zero rows) at once.
+                let col = &mut cols[s * ROWS..][..ROWS];
                 // SAFETY: `supports` (checked by `gemm`) means AVX2/F16C;
-                // super-block `at / 256` lies in the group (asserted).
+                // super-block `at / 256` lies in the group (asserted); `col`
+                // holds eight floats.
                 unsafe {
                     let x = x86::values8(ty, gw[at / 256 * gb..].as_ptr(), at % 256);
-                    std::arch::x86_64::_mm256_storeu_ps(v.as_mut_ptr(), x);
-                }
-                for (i, v) in v[..rows.len()].iter().enumerate() {
-                    cols[i * union.len() + s] = *v;
+                    std::arch::x86_64::_mm256_storeu_ps(col.as_mut_ptr(), x);
                 }
             }
             #[cfg(not(target_arch = "x86_64"))]

@@ -14,21 +14,29 @@ use super::SyncPtr;
 /// rows are one group of `kquant_rows`.)
 pub(crate) const OUTLIER_ROWS: usize = 8;
 
-/// Fills `cols[i · union.len() + s]` with weight row `rows.start + i`'s
-/// value at position `union[s]`, rounded as ggml's dequantization rounds
-/// it.
+/// Fills `cols[s · stride(rows.len()) + i]` with weight row
+/// `rows.start + i`'s value at position `union[s]`, rounded as ggml's
+/// dequantization rounds it: slot-major, so that the pass adds one
+/// outlier to eight outputs in one vector.
 pub(crate) trait Columns: Fn(std::ops::Range<usize>, &[u32], &mut [f32]) {}
 impl<F: Fn(std::ops::Range<usize>, &[u32], &mut [f32])> Columns for F {}
 
 /// A [`Columns`] filler from a function of one value: `value(j, at)`.
 pub(crate) fn each_value(value: impl Fn(usize, usize) -> f32) -> impl Columns {
     move |rows: std::ops::Range<usize>, union: &[u32], cols: &mut [f32]| {
-        for (i, j) in rows.enumerate() {
-            for (x, &at) in cols[i * union.len()..][..union.len()].iter_mut().zip(union) {
-                *x = value(j, at as usize);
+        let st = stride(rows.len());
+        for (s, &at) in union.iter().enumerate() {
+            for (i, j) in rows.clone().enumerate() {
+                cols[s * st + i] = value(j, at as usize);
             }
         }
     }
+}
+
+/// Floats per outlier position in a [`Columns`] buffer for `rows` weight
+/// rows: whole vectors of [`OUTLIER_ROWS`].
+pub(crate) fn stride(rows: usize) -> usize {
+    rows.div_ceil(OUTLIER_ROWS) * OUTLIER_ROWS
 }
 
 thread_local! {
@@ -122,9 +130,11 @@ pub(crate) unsafe fn add_row_outliers<C: Columns>(
     assert!(rows.end <= n && act.outlier_count.len() >= m);
     assert!(union.iter().all(|&at| (at as usize) < act.k));
     let groups = act.k / 32;
+    let st = stride(rows.len());
     COLUMNS.with(|cols| {
         let mut cols = cols.borrow_mut();
-        cols.resize(rows.len() * union.len(), 0.0);
+        // Padding lanes keep whatever they held: their sums are dropped.
+        cols.resize(st * union.len(), 0.0);
         fill(rows.clone(), union, &mut cols);
         for c in 0..m {
             let count = act.outlier_count[c];
@@ -133,19 +143,31 @@ pub(crate) unsafe fn add_row_outliers<C: Columns>(
             }
             let outliers = &act.outliers[c * groups..][..count];
             let slots = &act.outlier_slot[c * groups..][..count];
-            for (i, j) in rows.clone().enumerate() {
-                let col = &cols[i * union.len()..][..union.len()];
-                // SAFETY: c < m and j < n (asserted above); the caller
-                // leaves column j to this call.
-                let dot = unsafe { &mut *out.get().add(c * n + j) };
-                // Summed in a register, in order: through memory each add
-                // waited on the last one's store (8% of a 512-token
-                // prefill).
-                let mut sum = *dot;
-                for (o, &slot) in outliers.iter().zip(slots) {
-                    sum += o.x * col[slot as usize];
+            assert!(slots.iter().all(|&s| (s as usize) < union.len()));
+            for i0 in (0..rows.len()).step_by(OUTLIER_ROWS) {
+                let live = (rows.len() - i0).min(OUTLIER_ROWS);
+                // SAFETY: c < m and every column rows.start + i0 + i < n
+                // (asserted above); the caller leaves them to this call.
+                let dots = unsafe { out.get().add(c * n + rows.start + i0) };
+                // Each output's sum in a register, its outliers in order
+                // (through memory each add waited on the last one's
+                // store: 8% of a 512-token prefill), eight outputs a
+                // vector.
+                let mut sums = [0f32; OUTLIER_ROWS];
+                for (i, sum) in sums[..live].iter_mut().enumerate() {
+                    // SAFETY: as above.
+                    *sum = unsafe { *dots.add(i) };
                 }
-                *dot = sum;
+                for (o, &slot) in outliers.iter().zip(slots) {
+                    let col = &cols[slot as usize * st + i0..][..OUTLIER_ROWS];
+                    for (sum, &w) in sums.iter_mut().zip(col) {
+                        *sum += o.x * w;
+                    }
+                }
+                for (i, sum) in sums[..live].iter().enumerate() {
+                    // SAFETY: as above.
+                    unsafe { *dots.add(i) = *sum };
+                }
             }
         }
     });
