@@ -33,6 +33,16 @@ fn argmax(x: &[f32]) -> u32 {
     best as u32
 }
 
+/// Σ(got − want)² / Σwant².
+fn nmse(got: &[f32], want: &[f32]) -> f64 {
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+        .sum();
+    num / want.iter().map(|b| (*b as f64).powi(2)).sum::<f64>()
+}
+
 /// Skips (with a note) only when there is no GPU; a GPU that fails to
 /// initialise fails the test.
 fn gpu() -> bool {
@@ -100,13 +110,7 @@ fn gpu_models_match_cpu_and_transformers() {
         let mut gpu = KvManaged::new(LlamaModel::<CudaBackend>::from_hf_dir(&dir).unwrap());
         let c = cpu.prefill("s", &ids);
         let mut g = gpu.prefill("s", &ids);
-        let num: f64 = c
-            .iter()
-            .zip(&g)
-            .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
-            .sum();
-        let den: f64 = c.iter().map(|a| (*a as f64).powi(2)).sum();
-        let nmse = num / den;
+        let nmse = nmse(&g, &c);
         eprintln!("{name}: prompt logits nmse {nmse:e}");
         assert!(nmse <= 5e-4, "{name}: nmse {nmse}");
         let mut got = Vec::new();
@@ -235,14 +239,9 @@ fn gpu_moe_matches_cpu_and_batches_equal_alone() {
         let mut c = cpu.prefill("s", &prompt);
         let mut g = gpu.prefill("s", &prompt);
         for pos in prompt.len()..prompt.len() + 8 {
-            let num: f64 = c
-                .iter()
-                .zip(&g)
-                .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
-                .sum();
-            let den: f64 = c.iter().map(|a| (*a as f64).powi(2)).sum();
-            eprintln!("{what}: logits at {pos} nmse {:e}", num / den);
-            assert!(num / den <= 5e-4, "{what}: nmse {} at {pos}", num / den);
+            let e = nmse(&g, &c);
+            eprintln!("{what}: logits at {pos} nmse {e:e}");
+            assert!(e <= 5e-4, "{what}: nmse {e} at {pos}");
             // The GPU's pick is the CPU's, or ties with it within 1e-4 of
             // the largest logit (random weights give flat logits).
             let t = argmax(&c);

@@ -92,6 +92,10 @@ fn linear(n: usize) -> LaunchConfig {
 /// dequantized once and multiplied by cuBLAS.
 const GROUPED_GEMV_ROWS: usize = 64;
 
+/// Output columns a warp of `gemv_q4_k` computes (`Q4K_COLS` in
+/// kernels.cu).
+const Q4K_COLS: usize = 4;
+
 /// One block of `threads` per row.
 fn per_row(rows: usize, threads: u32) -> LaunchConfig {
     LaunchConfig {
@@ -177,6 +181,50 @@ fn sgemm(
     // SAFETY: a holds m·k, w n·k and out m·n values (the gemm contract).
     let r = unsafe { device::get().blas.gemm(cfg, w, a, out) };
     ctx.check(r, "cuBLAS sgemm");
+}
+
+/// `out[m, n] = a[m, k] · dequant(w)[n, k]ᵀ` for many rows: the blocks of
+/// `w` (type `t`) dequantized into the shared scratch, then cuBLAS.
+#[allow(clippy::too_many_arguments)]
+fn dequant_sgemm(
+    ctx: &mut CudaContext,
+    t: &str,
+    w: &CudaSlice<f32>,
+    a: &impl DevicePtr<f32>,
+    out: &mut impl DevicePtrMut<f32>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<()> {
+    let mut guard = scratch(&device::get().scratch, n * k);
+    let Some(scratch) = guard.as_mut() else {
+        return Err(FerrumError::Device("scratch allocation failed".into()));
+    };
+    launch!(
+        ctx,
+        &format!("dequant_{t}"),
+        linear(n * k),
+        w,
+        &mut *scratch,
+        &i(n),
+        &i(k)
+    );
+    sgemm(ctx, a, &*scratch, out, m, n, k);
+    Ok(())
+}
+
+/// A mixture step's expert rows and router weights on the device, for
+/// `scale_add_rows` / `gather_add_rows`; `None` with the failure recorded.
+fn upload_rows(
+    ctx: &mut CudaContext,
+    rows: &[u32],
+    weights: &[f32],
+) -> Option<(CudaSlice<u32>, CudaSlice<f32>)> {
+    let r = ctx.stream.clone_htod(rows);
+    let dev_rows = ctx.check(r, "upload of expert rows")?;
+    let r = ctx.stream.clone_htod(weights);
+    let dev_w = ctx.check(r, "upload of expert weights")?;
+    Some((dev_rows, dev_w))
 }
 
 type ScratchSlot = std::sync::Mutex<Option<CudaSlice<f32>>>;
@@ -572,12 +620,7 @@ impl Backend for CudaBackend {
         dst: &mut Self::Buffer,
         dim: usize,
     ) {
-        let r = ctx.stream.clone_htod(rows);
-        let Some(dev_rows) = ctx.check(r, "upload of expert rows") else {
-            return;
-        };
-        let r = ctx.stream.clone_htod(weights);
-        let Some(dev_w) = ctx.check(r, "upload of expert weights") else {
+        let Some((dev_rows, dev_w)) = upload_rows(ctx, rows, weights) else {
             return;
         };
         launch!(
@@ -603,12 +646,7 @@ impl Backend for CudaBackend {
         dim: usize,
     ) -> Result<()> {
         let tokens = rows.len() / per.max(1);
-        let r = ctx.stream.clone_htod(rows);
-        let Some(dev_rows) = ctx.check(r, "upload of expert rows") else {
-            return Ok(());
-        };
-        let r = ctx.stream.clone_htod(weights);
-        let Some(dev_w) = ctx.check(r, "upload of expert weights") else {
+        let Some((dev_rows, dev_w)) = upload_rows(ctx, rows, weights) else {
             return Ok(());
         };
         launch!(
@@ -742,10 +780,10 @@ impl Backend for CudaBackend {
             _ => a,
         };
         if m <= 8 {
-            // A warp per output column (Q4_K: per four, `Q4K_COLS` in
-            // kernels.cu) reads the blocks once for all m rows.
+            // A warp per output column (Q4_K: per Q4K_COLS) reads the
+            // blocks once for all m rows.
             let warps = match quant_type {
-                GgufQuantType::Q4K => n.div_ceil(4),
+                GgufQuantType::Q4K => n.div_ceil(Q4K_COLS),
                 _ => n,
             };
             let lc = LaunchConfig {
@@ -766,21 +804,7 @@ impl Backend for CudaBackend {
             );
             return Ok(());
         }
-        let mut guard = scratch(&device::get().scratch, n * k);
-        let Some(scratch) = guard.as_mut() else {
-            return Err(FerrumError::Device("scratch allocation failed".into()));
-        };
-        launch!(
-            ctx,
-            &format!("dequant_{t}"),
-            linear(n * k),
-            w,
-            &mut *scratch,
-            &i(n),
-            &i(k)
-        );
-        sgemm(ctx, a, scratch, out, m, n, k);
-        Ok(())
+        dequant_sgemm(ctx, t, w, a, out, m, n, k)
     }
 
     const GROUPED_EXPERTS: bool = true;
@@ -802,22 +826,9 @@ impl Backend for CudaBackend {
         let mut tiles: Vec<u64> = Vec::new();
         for g in groups.iter().filter(|g| g.rows > 0) {
             if g.rows > GROUPED_GEMV_ROWS {
-                let mut guard = scratch(&device::get().scratch, n * k);
-                let Some(w) = guard.as_mut() else {
-                    return Err(FerrumError::Device("scratch allocation failed".into()));
-                };
-                launch!(
-                    ctx,
-                    &format!("dequant_{t}"),
-                    linear(n * k),
-                    g.weights,
-                    &mut *w,
-                    &i(n),
-                    &i(k)
-                );
                 let rows_a = a.slice(g.start * k..(g.start + g.rows) * k);
                 let mut rows_out = out.slice_mut(g.start * n..(g.start + g.rows) * n);
-                sgemm(ctx, &rows_a, &*w, &mut rows_out, g.rows, n, k);
+                dequant_sgemm(ctx, t, g.weights, &rows_a, &mut rows_out, g.rows, n, k)?;
                 continue;
             }
             // The pointer is read by kernels queued on this same stream.
