@@ -269,14 +269,17 @@ fn columns(w: &[u8], ty: GgmlType, k: usize) -> impl super::outliers::Columns + 
 }
 
 /// Quantizes `a` (`[m, k]`) for these kernels: 8-bit values with their
-/// outliers indexed and sums per 16 (Q6_K's offset), or 16-bit values in
+/// outliers indexed and −32 times their sums per 16 (Q6_K's offset), or 16-bit values in
 /// runs of four ordered 0, 2, 1, 3.
 pub(crate) fn quantize(act: &mut ActRows, a: &[f32], m: usize, k: usize, a8: bool) {
     if a8 {
         act.quantize8(a, m, k, true);
-        act.sums16.resize(m * k / 16, 0);
-        for (q, s) in act.q8[..m * k].chunks_exact(16).zip(act.sums16.iter_mut()) {
-            *s = q.iter().map(|&v| i16::from(v)).sum();
+        act.offsets16.resize(m * k / 16, 0);
+        for (q, s) in act.q8[..m * k]
+            .chunks_exact(16)
+            .zip(act.offsets16.iter_mut())
+        {
+            *s = -32 * q.iter().map(|&v| i32::from(v)).sum::<i32>();
         }
         if m > GROUP_OUTLIERS_MAX_M {
             super::outliers::index(act, m);
@@ -297,7 +300,7 @@ pub(crate) fn gemm(act: &ActRows, w: &[u8], ty: GgmlType, out: &mut [f32], m: us
     assert!(supports(ty) && act.group == ACT_GROUP && k.is_multiple_of(256));
     assert!(w.len() >= weight_bytes(ty, n, k) && out.len() >= m * n);
     if act.a8 {
-        assert!(act.q8.len() >= m * k && act.sums16.len() >= m * k / 16);
+        assert!(act.q8.len() >= m * k && act.offsets16.len() >= m * k / 16);
     } else {
         assert!(act.qs.len() >= m * k);
     }

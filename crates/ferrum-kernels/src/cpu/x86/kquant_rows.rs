@@ -7,7 +7,10 @@ use std::arch::x86_64::*;
 use ferrum_types::GgmlType;
 
 use super::{span_at, ActRows, ACT_ROWS, ROWS};
-use crate::cpu::int_dot::{dpbusd, dpwssd, shift16};
+use crate::cpu::int_dot::{dpbusd_at, dpwssd, shift16};
+
+/// How far ahead [`prefetch`] reads.
+const PREFETCH: usize = 2048;
 
 /// One grouped format (the parent module describes the layout).
 trait Rows {
@@ -102,9 +105,10 @@ unsafe fn half8<F: Rows, const VNNI: bool, const M: usize>(
     let zero = _mm256_setzero_si256();
     for c in 0..M {
         if VNNI {
-            for (u, &p) in parts.iter().enumerate() {
-                x[c] = dpbusd(x[c], p, bcast(a[c].add(4 * u)));
-            }
+            x[c] = dpbusd_at::<0>(x[c], parts[0], a[c]);
+            x[c] = dpbusd_at::<4>(x[c], parts[1], a[c]);
+            x[c] = dpbusd_at::<8>(x[c], parts[2], a[c]);
+            x[c] = dpbusd_at::<12>(x[c], parts[3], a[c]);
         } else {
             let ones = _mm256_set1_epi16(1);
             for run in 0..4 / F::RUN {
@@ -152,49 +156,43 @@ unsafe fn half16<F: Rows, const VNNI: bool, const M: usize>(
     x
 }
 
-/// One span's lane sums: per half for Q6_K (whose halves have their own
-/// scales), else both halves' in the first.
+/// Lane sums of half `h` of span `j` for `M` activation rows (`at[c]`:
+/// row `c`'s first value of the span), added to `start`; Q6_K's start is
+/// its values' offset of 32 times the half's activation sum, taken off.
 #[inline(always)]
-unsafe fn span<F: Rows, const VNNI: bool, const M: usize>(
+unsafe fn half_sums<F: Rows, const VNNI: bool, const M: usize>(
     g: *const u8,
     j: usize,
+    h: usize,
     act: &ActRows,
     at: [usize; M],
-) -> [[__m256i; M]; 2] {
-    let zero = [_mm256_setzero_si256(); M];
-    let mut x = [zero; 2];
-    for h in 0..2 {
-        let parts = F::parts(g, j, h);
-        let start = if F::SIXTEENS { zero } else { x[0] };
-        let y = if act.a8 {
-            let mut a = [act.q8.as_ptr(); M];
-            for c in 0..M {
-                a[c] = a[c].add(at[c] + 16 * h);
-            }
-            let mut y = half8::<F, VNNI, M>(&parts, a, start);
+    mut start: [__m256i; M],
+) -> [__m256i; M] {
+    let parts = F::parts(g, j, h);
+    if act.a8 {
+        let mut a = [act.q8.as_ptr(); M];
+        for c in 0..M {
+            a[c] = a[c].add(at[c] + 16 * h);
             if F::SIXTEENS {
-                // The values' offset of 32 times the half's activation sum.
-                for c in 0..M {
-                    let s = i32::from(*act.sums16.as_ptr().add((at[c] + 16 * h) / 16));
-                    y[c] = _mm256_sub_epi32(y[c], _mm256_set1_epi32(32 * s));
-                }
+                let o = act.offsets16.as_ptr().add((at[c] + 16 * h) / 16);
+                start[c] = _mm256_set1_epi32(*o);
             }
-            y
-        } else {
-            let mut a = [act.qs.as_ptr(); M];
-            for c in 0..M {
-                a[c] = a[c].add(at[c] + 16 * h);
-            }
-            half16::<F, VNNI, M>(&parts, a, start)
-        };
-        x[if F::SIXTEENS { h } else { 0 }] = y;
+        }
+        half8::<F, VNNI, M>(&parts, a, start)
+    } else {
+        let mut a = [act.qs.as_ptr(); M];
+        for c in 0..M {
+            a[c] = a[c].add(at[c] + 16 * h);
+        }
+        half16::<F, VNNI, M>(&parts, a, start)
     }
-    x
 }
 
 /// `out[c]` = activation row `r0 + c` against the group's eight rows:
-/// per span, `float(Σ)·(d·sc)·d_a`, less Q4_K/Q5_K's `(dmin·m)·(d_a·Σa)`;
-/// Q6_K's two halves scaled each by its own `sc` in float first.
+/// per span, `float(Σ)·(d·sc)·d_a`, less Q4_K/Q5_K's `(dmin·m)·(d_a·Σa)`
+/// (both halves in one integer sum); Q6_K's per half, each with its own
+/// `sc`, folded into the float sums as soon as it is done (with both
+/// halves' integer sums live, eight rows ran out of registers).
 #[inline(always)]
 unsafe fn group<F: Rows, const VNNI: bool, const M: usize>(
     g: *const u8,
@@ -203,47 +201,44 @@ unsafe fn group<F: Rows, const VNNI: bool, const M: usize>(
     out: &mut [[f32; ROWS]; ACT_ROWS],
 ) {
     let (k, stride) = (act.k, act.stride);
+    let zero = [_mm256_setzero_si256(); M];
     let mut acc = [_mm256_setzero_ps(); M];
     for b in 0..k / 256 {
         let gb = g.add(b * F::BYTES);
         let d = _mm256_cvtph_ps(_mm_loadu_si128(gb.cast()));
-        let dmin = if F::SIXTEENS {
-            d
-        } else {
-            _mm256_cvtph_ps(_mm_loadu_si128(gb.add(16).cast()))
-        };
+        let bytes = |o: usize| _mm_loadl_epi64(gb.add(o).cast());
         for j in 0..8 {
-            let mut at = [0; M];
-            for (c, at) in at.iter_mut().enumerate() {
-                *at = (r0 + c) * k + 256 * b + 32 * j;
+            if M > 1 {
+                prefetch::<F>(gb, j);
             }
-            let [lo, hi] = span::<F, VNNI, M>(gb, j, act, at);
-            // The span's scale vectors, shared by every activation row.
-            let bytes = |o: usize| _mm_loadl_epi64(gb.add(o).cast());
-            let (ws, wm) = if F::SIXTEENS {
-                let sl = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes(16 + 16 * j)));
-                let sh = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes(24 + 16 * j)));
-                (sl, sh)
+            let mut at = [0; M];
+            let mut da = [_mm256_setzero_ps(); M];
+            for c in 0..M {
+                at[c] = (r0 + c) * k + 256 * b + 32 * j;
+                da[c] = _mm256_set1_ps(*act.d.as_ptr().add((r0 + c) * stride + 8 * b + j));
+            }
+            if F::SIXTEENS {
+                for h in 0..2 {
+                    let x = half_sums::<F, VNNI, M>(gb, j, h, act, at, zero);
+                    let sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes(16 + 16 * j + 8 * h)));
+                    let ds = _mm256_mul_ps(d, sc);
+                    for c in 0..M {
+                        let w = _mm256_mul_ps(_mm256_cvtepi32_ps(x[c]), ds);
+                        acc[c] = _mm256_fmadd_ps(w, da[c], acc[c]);
+                    }
+                }
             } else {
+                let x = half_sums::<F, VNNI, M>(gb, j, 0, act, at, zero);
+                let x = half_sums::<F, VNNI, M>(gb, j, 1, act, at, x);
+                // The span's scale vectors, shared by every activation row.
+                let dmin = _mm256_cvtph_ps(_mm_loadu_si128(gb.add(16).cast()));
                 let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(32 + 8 * j)));
                 let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(96 + 8 * j)));
-                (_mm256_mul_ps(d, sc), _mm256_mul_ps(dmin, mn))
-            };
-            for c in 0..M {
-                let q = (r0 + c) * stride + 8 * b + j;
-                let da = _mm256_set1_ps(*act.d.as_ptr().add(q));
-                if F::SIXTEENS {
-                    // `ws`, `wm`: the low and the high half's scales.
-                    let x = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(lo[c]),
-                        ws,
-                        _mm256_mul_ps(_mm256_cvtepi32_ps(hi[c]), wm),
-                    );
-                    acc[c] = _mm256_fmadd_ps(x, _mm256_mul_ps(d, da), acc[c]);
-                } else {
-                    // Both halves were summed into `lo`.
-                    let x = _mm256_cvtepi32_ps(lo[c]);
-                    let y = _mm256_fmadd_ps(x, _mm256_mul_ps(ws, da), acc[c]);
+                let (ws, wm) = (_mm256_mul_ps(d, sc), _mm256_mul_ps(dmin, mn));
+                for c in 0..M {
+                    let q = (r0 + c) * stride + 8 * b + j;
+                    let y =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(x[c]), _mm256_mul_ps(ws, da[c]), acc[c]);
                     let sa = _mm256_set1_ps(*act.s.as_ptr().add(q));
                     acc[c] = _mm256_fnmadd_ps(wm, sa, y);
                 }
@@ -252,6 +247,20 @@ unsafe fn group<F: Rows, const VNNI: bool, const M: usize>(
     }
     for c in 0..M {
         _mm256_storeu_ps(out[c].as_mut_ptr(), acc[c]);
+    }
+}
+
+/// Asks for span `j` of the group block [`PREFETCH`] bytes ahead of the
+/// one at `g` (past a task's last group: harmless, prefetches do not
+/// fault). With several activation rows the span loop is slow enough that
+/// the hardware prefetchers fell behind: batch-8 decode of
+/// Qwen2.5-Coder-1.5B Q4_K_M spent a fifth of its kernel time on the
+/// weight loads; at one row, they keep up and this would only add loads.
+#[inline(always)]
+unsafe fn prefetch<F: Rows>(g: *const u8, j: usize) {
+    let at = g.wrapping_add(PREFETCH + j * F::BYTES / 8);
+    for line in 0..F::BYTES.div_ceil(8 * 64) {
+        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * line).cast());
     }
 }
 
