@@ -329,10 +329,15 @@ pub(crate) fn gemm(act: &ActRows, w: &[u8], ty: GgmlType, out: &mut [f32], m: us
                     for (c, res) in res[..rows].iter().enumerate() {
                         // SAFETY: row r0 + c < m and columns j0..j0 + valid
                         // ≤ n of `out` ([m, n], asserted); only this task
-                        // writes group g's columns.
+                        // writes group g's columns. A whole group as one
+                        // array: a copy of run-time length calls `memmove`.
                         unsafe {
                             let dst = ptr.get().add((r0 + c) * n + j0);
-                            std::ptr::copy_nonoverlapping(res.as_ptr(), dst, valid);
+                            if valid == ROWS {
+                                dst.cast::<[f32; ROWS]>().write_unaligned(*res);
+                            } else {
+                                std::ptr::copy_nonoverlapping(res.as_ptr(), dst, valid);
+                            }
                         }
                     }
                 }

@@ -153,10 +153,17 @@ pub(crate) unsafe fn add_row_outliers<C: Columns>(
                 // (through memory each add waited on the last one's
                 // store: 8% of a 512-token prefill), eight outputs a
                 // vector.
+                // Whole vectors where all eight are live: a copy of a
+                // run-time length was a `memmove` call per output row.
                 let mut sums = [0f32; OUTLIER_ROWS];
-                for (i, sum) in sums[..live].iter_mut().enumerate() {
-                    // SAFETY: as above.
-                    *sum = unsafe { *dots.add(i) };
+                if live == OUTLIER_ROWS {
+                    // SAFETY: as above, eight live columns.
+                    sums = unsafe { dots.cast::<[f32; OUTLIER_ROWS]>().read_unaligned() };
+                } else {
+                    for (i, sum) in sums[..live].iter_mut().enumerate() {
+                        // SAFETY: as above.
+                        *sum = unsafe { *dots.add(i) };
+                    }
                 }
                 for (o, &slot) in outliers.iter().zip(slots) {
                     let col = &cols[slot as usize * st + i0..][..OUTLIER_ROWS];
@@ -164,9 +171,14 @@ pub(crate) unsafe fn add_row_outliers<C: Columns>(
                         *sum += o.x * w;
                     }
                 }
-                for (i, sum) in sums[..live].iter().enumerate() {
-                    // SAFETY: as above.
-                    unsafe { *dots.add(i) = *sum };
+                if live == OUTLIER_ROWS {
+                    // SAFETY: as above, eight live columns.
+                    unsafe { dots.cast::<[f32; OUTLIER_ROWS]>().write_unaligned(sums) };
+                } else {
+                    for (i, sum) in sums[..live].iter().enumerate() {
+                        // SAFETY: as above.
+                        unsafe { *dots.add(i) = *sum };
+                    }
                 }
             }
         }
