@@ -104,7 +104,14 @@ unsafe fn half8<F: Rows, const VNNI: bool, const M: usize>(
 ) -> [__m256i; M] {
     let zero = _mm256_setzero_si256();
     for c in 0..M {
-        if VNNI {
+        if VNNI && M == 1 {
+            // One row: two chains, or the loop waits on the latency.
+            let y = dpbusd_at::<0>(x[c], parts[0], a[c]);
+            let z = dpbusd_at::<8>(zero, parts[2], a[c]);
+            let y = dpbusd_at::<4>(y, parts[1], a[c]);
+            let z = dpbusd_at::<12>(z, parts[3], a[c]);
+            x[c] = _mm256_add_epi32(y, z);
+        } else if VNNI {
             x[c] = dpbusd_at::<0>(x[c], parts[0], a[c]);
             x[c] = dpbusd_at::<4>(x[c], parts[1], a[c]);
             x[c] = dpbusd_at::<8>(x[c], parts[2], a[c]);
@@ -228,8 +235,17 @@ unsafe fn group<F: Rows, const VNNI: bool, const M: usize>(
                     }
                 }
             } else {
-                let x = half_sums::<F, VNNI, M>(gb, j, 0, act, at, zero);
-                let x = half_sums::<F, VNNI, M>(gb, j, 1, act, at, x);
+                let x0 = half_sums::<F, VNNI, M>(gb, j, 0, act, at, zero);
+                let x = if M == 1 {
+                    let x1 = half_sums::<F, VNNI, M>(gb, j, 1, act, at, zero);
+                    let mut x = x0;
+                    for c in 0..M {
+                        x[c] = _mm256_add_epi32(x0[c], x1[c]);
+                    }
+                    x
+                } else {
+                    half_sums::<F, VNNI, M>(gb, j, 1, act, at, x0)
+                };
                 // The span's scale vectors, shared by every activation row.
                 let dmin = _mm256_cvtph_ps(_mm_loadu_si128(gb.add(16).cast()));
                 let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(32 + 8 * j)));
