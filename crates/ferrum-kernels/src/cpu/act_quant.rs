@@ -57,11 +57,10 @@ pub(crate) struct ActRows {
     /// Sums of 16 of the 8-bit values, for the k-quant kernels
     /// (`super::kquant_lanes::order8` fills them).
     pub(crate) sums16: Vec<i16>,
-    /// −32 times each sum of 16 of the 8-bit values, for the grouped
-    /// k-quant kernels (`super::kquant_rows::quantize` fills them): the
-    /// start of a Q6_K half's integer sum, which takes off its values'
-    /// offset of 32 with no work per weight row.
-    pub(crate) offsets16: Vec<i32>,
+    /// The 8-bit values regrouped for the grouped k-quant kernels
+    /// (`super::kquant_rows::quantize` fills them; `kquant_rows::Tiles`
+    /// describes the layout).
+    pub(crate) tiles: super::kquant_rows::Tiles,
     /// The distinct outlier positions of all rows, ascending, and each
     /// outlier's index in it (parallel to `outliers`), for the k-quant
     /// kernels' outlier pass (`order8` fills them).

@@ -95,37 +95,47 @@ unsafe fn bcast<T>(p: *const T) -> __m256i {
 }
 
 /// Per lane (row), `x` plus Σ part · activation over one half for `M`
-/// rows of 8-bit activations (`a[c]` at the half's first value).
+/// rows of 8-bit activations, row `c`'s values at `a + 32c` (a tile).
 #[inline(always)]
 unsafe fn half8<F: Rows, const VNNI: bool, const M: usize>(
     parts: &[__m256i; 4],
-    a: [*const i8; M],
+    a: *const i8,
     mut x: [__m256i; M],
 ) -> [__m256i; M] {
     let zero = _mm256_setzero_si256();
-    for c in 0..M {
-        if VNNI && M == 1 {
-            // One row: two chains, or the loop waits on the latency.
-            let y = dpbusd_at::<0>(x[c], parts[0], a[c]);
-            let z = dpbusd_at::<8>(zero, parts[2], a[c]);
-            let y = dpbusd_at::<4>(y, parts[1], a[c]);
-            let z = dpbusd_at::<12>(z, parts[3], a[c]);
-            x[c] = _mm256_add_epi32(y, z);
-        } else if VNNI {
-            x[c] = dpbusd_at::<0>(x[c], parts[0], a[c]);
-            x[c] = dpbusd_at::<4>(x[c], parts[1], a[c]);
-            x[c] = dpbusd_at::<8>(x[c], parts[2], a[c]);
-            x[c] = dpbusd_at::<12>(x[c], parts[3], a[c]);
-        } else {
-            let ones = _mm256_set1_epi16(1);
-            for run in 0..4 / F::RUN {
-                let mut s = zero;
-                for (i, &p) in parts[F::RUN * run..][..F::RUN].iter().enumerate() {
-                    let av = bcast(a[c].add(4 * (F::RUN * run + i)));
-                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(p, av));
+    if VNNI && M == 1 {
+        // One row: two chains, or the loop waits on the latency.
+        let y = dpbusd_at::<0>(x[0], parts[0], a);
+        let z = dpbusd_at::<8>(zero, parts[2], a);
+        let y = dpbusd_at::<4>(y, parts[1], a);
+        let z = dpbusd_at::<12>(z, parts[3], a);
+        x[0] = _mm256_add_epi32(y, z);
+        return x;
+    }
+    if VNNI {
+        // Rows unrolled by hand: the offsets must be constants.
+        macro_rules! rows {
+            ($($c:literal)*) => {$(
+                if $c < M {
+                    x[$c] = dpbusd_at::<{ 32 * $c }>(x[$c], parts[0], a);
+                    x[$c] = dpbusd_at::<{ 32 * $c + 4 }>(x[$c], parts[1], a);
+                    x[$c] = dpbusd_at::<{ 32 * $c + 8 }>(x[$c], parts[2], a);
+                    x[$c] = dpbusd_at::<{ 32 * $c + 12 }>(x[$c], parts[3], a);
                 }
-                x[c] = _mm256_add_epi32(x[c], _mm256_madd_epi16(s, ones));
+            )*};
+        }
+        rows!(0 1 2 3 4 5 6 7);
+        return x;
+    }
+    let ones = _mm256_set1_epi16(1);
+    for (c, x) in x.iter_mut().enumerate() {
+        for run in 0..4 / F::RUN {
+            let mut s = zero;
+            for (i, &p) in parts[F::RUN * run..][..F::RUN].iter().enumerate() {
+                let av = bcast(a.add(32 * c + 4 * (F::RUN * run + i)));
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(p, av));
             }
+            *x = _mm256_add_epi32(*x, _mm256_madd_epi16(s, ones));
         }
     }
     x
@@ -163,36 +173,102 @@ unsafe fn half16<F: Rows, const VNNI: bool, const M: usize>(
     x
 }
 
-/// Lane sums of half `h` of span `j` for `M` activation rows (`at[c]`:
-/// row `c`'s first value of the span), added to `start`; Q6_K's start is
-/// its values' offset of 32 times the half's activation sum, taken off.
+/// Where a call's activation rows and their scales are, for span `t`:
+/// 8-bit ones in [`super::Tiles`] (one pointer each, rows at constant
+/// offsets), 16-bit ones row-major.
+#[derive(Clone, Copy)]
+struct Rows8Or16<const M: usize> {
+    k: usize,
+    stride: usize,
+    r0: usize,
+    /// Rows per tile, `r0`'s tile's first span index and `r0`'s row in it.
+    tile: usize,
+    first: usize,
+    c0: usize,
+}
+
+impl<const M: usize> Rows8Or16<M> {
+    #[inline(always)]
+    fn new(act: &ActRows, r0: usize) -> Self {
+        // A constant where it can be (a run-time tile size cost 10%):
+        // several rows always come in tiles of eight.
+        let tile = if M == 1 {
+            act.tiles.rows.max(1)
+        } else {
+            ACT_ROWS
+        };
+        Self {
+            k: act.k,
+            stride: act.stride,
+            r0,
+            tile,
+            first: r0 / tile * (act.k / 32),
+            c0: r0 % tile,
+        }
+    }
+
+    /// The index of (`r0`'s tile, span `t`) and `r0`'s row in that tile.
+    #[inline(always)]
+    fn tile_span(self, t: usize) -> (usize, usize) {
+        (self.first + t, self.c0)
+    }
+}
+
+/// Lane sums of half `h` of span `j` of super-block `b` for `M` activation
+/// rows, added to `start` (Q6_K: from its offsets instead).
 #[inline(always)]
 unsafe fn half_sums<F: Rows, const VNNI: bool, const M: usize>(
     g: *const u8,
-    j: usize,
-    h: usize,
+    (b, j, h): (usize, usize, usize),
     act: &ActRows,
-    at: [usize; M],
+    at: Rows8Or16<M>,
     mut start: [__m256i; M],
 ) -> [__m256i; M] {
     let parts = F::parts(g, j, h);
+    let t = 8 * b + j;
     if act.a8 {
-        let mut a = [act.q8.as_ptr(); M];
-        for c in 0..M {
-            a[c] = a[c].add(at[c] + 16 * h);
-            if F::SIXTEENS {
-                let o = act.offsets16.as_ptr().add((at[c] + 16 * h) / 16);
-                start[c] = _mm256_set1_epi32(*o);
+        let (ts, c0) = at.tile_span(t);
+        if F::SIXTEENS {
+            let o = act.tiles.offsets.as_ptr().add((2 * ts + h) * at.tile + c0);
+            for (c, start) in start.iter_mut().enumerate() {
+                *start = _mm256_set1_epi32(*o.add(c));
             }
         }
+        let a = act.tiles.q.as_ptr().add((ts * at.tile + c0) * 32 + 16 * h);
         half8::<F, VNNI, M>(&parts, a, start)
     } else {
         let mut a = [act.qs.as_ptr(); M];
-        for c in 0..M {
-            a[c] = a[c].add(at[c] + 16 * h);
+        for (c, a) in a.iter_mut().enumerate() {
+            *a = a.add((at.r0 + c) * at.k + 32 * t + 16 * h);
         }
         half16::<F, VNNI, M>(&parts, a, start)
     }
+}
+
+/// The activation scales `d` and `d · Σq` of span `t` for the call's rows.
+#[inline(always)]
+unsafe fn act_scales<const M: usize>(
+    act: &ActRows,
+    at: Rows8Or16<M>,
+    t: usize,
+) -> ([__m256; M], [*const f32; M]) {
+    let mut da = [_mm256_setzero_ps(); M];
+    let mut sa = [std::ptr::null(); M];
+    if act.a8 {
+        let (ts, c0) = at.tile_span(t);
+        let (d, s) = (act.tiles.d.as_ptr(), act.tiles.s.as_ptr());
+        for c in 0..M {
+            da[c] = _mm256_set1_ps(*d.add(ts * at.tile + c0 + c));
+            sa[c] = s.add(ts * at.tile + c0 + c);
+        }
+    } else {
+        for c in 0..M {
+            let q = (at.r0 + c) * at.stride + t;
+            da[c] = _mm256_set1_ps(*act.d.as_ptr().add(q));
+            sa[c] = act.s.as_ptr().add(q);
+        }
+    }
+    (da, sa)
 }
 
 /// `out[c]` = activation row `r0 + c` against the group's eight rows:
@@ -207,10 +283,10 @@ unsafe fn group<F: Rows, const VNNI: bool, const M: usize>(
     r0: usize,
     out: &mut [[f32; ROWS]; ACT_ROWS],
 ) {
-    let (k, stride) = (act.k, act.stride);
+    let at = Rows8Or16::<M>::new(act, r0);
     let zero = [_mm256_setzero_si256(); M];
     let mut acc = [_mm256_setzero_ps(); M];
-    for b in 0..k / 256 {
+    for b in 0..act.k / 256 {
         let gb = g.add(b * F::BYTES);
         let d = _mm256_cvtph_ps(_mm_loadu_si128(gb.cast()));
         let bytes = |o: usize| _mm_loadl_epi64(gb.add(o).cast());
@@ -218,15 +294,10 @@ unsafe fn group<F: Rows, const VNNI: bool, const M: usize>(
             if M > 1 {
                 prefetch::<F>(gb, j);
             }
-            let mut at = [0; M];
-            let mut da = [_mm256_setzero_ps(); M];
-            for c in 0..M {
-                at[c] = (r0 + c) * k + 256 * b + 32 * j;
-                da[c] = _mm256_set1_ps(*act.d.as_ptr().add((r0 + c) * stride + 8 * b + j));
-            }
+            let (da, sa) = act_scales(act, at, 8 * b + j);
             if F::SIXTEENS {
                 for h in 0..2 {
-                    let x = half_sums::<F, VNNI, M>(gb, j, h, act, at, zero);
+                    let x = half_sums::<F, VNNI, M>(gb, (b, j, h), act, at, zero);
                     let sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes(16 + 16 * j + 8 * h)));
                     let ds = _mm256_mul_ps(d, sc);
                     for c in 0..M {
@@ -235,16 +306,16 @@ unsafe fn group<F: Rows, const VNNI: bool, const M: usize>(
                     }
                 }
             } else {
-                let x0 = half_sums::<F, VNNI, M>(gb, j, 0, act, at, zero);
+                let x0 = half_sums::<F, VNNI, M>(gb, (b, j, 0), act, at, zero);
                 let x = if M == 1 {
-                    let x1 = half_sums::<F, VNNI, M>(gb, j, 1, act, at, zero);
+                    let x1 = half_sums::<F, VNNI, M>(gb, (b, j, 1), act, at, zero);
                     let mut x = x0;
                     for c in 0..M {
                         x[c] = _mm256_add_epi32(x0[c], x1[c]);
                     }
                     x
                 } else {
-                    half_sums::<F, VNNI, M>(gb, j, 1, act, at, x0)
+                    half_sums::<F, VNNI, M>(gb, (b, j, 1), act, at, x0)
                 };
                 // The span's scale vectors, shared by every activation row.
                 let dmin = _mm256_cvtph_ps(_mm_loadu_si128(gb.add(16).cast()));
@@ -252,11 +323,9 @@ unsafe fn group<F: Rows, const VNNI: bool, const M: usize>(
                 let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes(96 + 8 * j)));
                 let (ws, wm) = (_mm256_mul_ps(d, sc), _mm256_mul_ps(dmin, mn));
                 for c in 0..M {
-                    let q = (r0 + c) * stride + 8 * b + j;
                     let y =
                         _mm256_fmadd_ps(_mm256_cvtepi32_ps(x[c]), _mm256_mul_ps(ws, da[c]), acc[c]);
-                    let sa = _mm256_set1_ps(*act.s.as_ptr().add(q));
-                    acc[c] = _mm256_fnmadd_ps(wm, sa, y);
+                    acc[c] = _mm256_fnmadd_ps(wm, _mm256_set1_ps(*sa[c]), y);
                 }
             }
         }
