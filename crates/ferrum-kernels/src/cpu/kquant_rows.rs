@@ -292,22 +292,13 @@ pub(crate) struct Tiles {
     pub(crate) offsets: Vec<i32>,
 }
 
-/// One tile's share of each [`Tiles`] buffer, with its index.
-type TileMut<'a> = (
-    usize,
-    (
-        ((&'a mut [i8], &'a mut [f32]), &'a mut [f32]),
-        &'a mut [i32],
-    ),
-);
-
-/// Tiles at or above this count are filled in parallel (a decode step's
-/// one tile is not worth waking the pool for).
+/// Tiles per parallel task at least: a decode step's one tile is filled
+/// inline, not handed to the pool.
 const PAR_TILES: usize = 4;
 
 impl Tiles {
     /// Re-fills the tiles from `act`'s row-major 8-bit values (`m` rows of
-    /// `k`), a tile per parallel task.
+    /// `k`), in parallel from [`PAR_TILES`] tiles up.
     fn fill(
         &mut self,
         act_q8: &[i8],
@@ -324,41 +315,30 @@ impl Tiles {
         self.d.resize(tiles * rows * spans, 0.0);
         self.s.resize(tiles * rows * spans, 0.0);
         self.offsets.resize(tiles * rows * spans * 2, 0);
-        let one = |(i, (((q, d), s), offsets)): TileMut<'_>| {
-            for c in 0..rows.min(m - i * rows) {
-                let r = i * rows + c;
-                let row = &act_q8[r * k..][..k];
-                for (t, values) in row.chunks_exact(32).enumerate() {
-                    let at = t * rows + c;
-                    q[at * 32..][..32].copy_from_slice(values);
-                    d[at] = act_d[r * stride + t];
-                    s[at] = act_s[r * stride + t];
-                    for (h, half) in values.chunks_exact(16).enumerate() {
-                        let sum: i32 = half.iter().map(|&v| i32::from(v)).sum();
-                        offsets[(2 * t + h) * rows + c] = -32 * sum;
+        self.q
+            .par_chunks_mut(rows * k)
+            .zip(self.d.par_chunks_mut(rows * spans))
+            .zip(self.s.par_chunks_mut(rows * spans))
+            .zip(self.offsets.par_chunks_mut(rows * spans * 2))
+            .take(tiles)
+            .with_min_len(PAR_TILES)
+            .enumerate()
+            .for_each(|(i, (((q, d), s), offsets))| {
+                for c in 0..rows.min(m - i * rows) {
+                    let r = i * rows + c;
+                    let row = &act_q8[r * k..][..k];
+                    for (t, values) in row.chunks_exact(32).enumerate() {
+                        let at = t * rows + c;
+                        q[at * 32..][..32].copy_from_slice(values);
+                        d[at] = act_d[r * stride + t];
+                        s[at] = act_s[r * stride + t];
+                        for (h, half) in values.chunks_exact(16).enumerate() {
+                            let sum: i32 = half.iter().map(|&v| i32::from(v)).sum();
+                            offsets[(2 * t + h) * rows + c] = -32 * sum;
+                        }
                     }
                 }
-            }
-        };
-        let (q, d) = (&mut self.q, &mut self.d);
-        let (s, offsets) = (&mut self.s, &mut self.offsets);
-        if tiles >= PAR_TILES {
-            q.par_chunks_mut(rows * k)
-                .zip(d.par_chunks_mut(rows * spans))
-                .zip(s.par_chunks_mut(rows * spans))
-                .zip(offsets.par_chunks_mut(rows * spans * 2))
-                .take(tiles)
-                .enumerate()
-                .for_each(one);
-        } else {
-            q.chunks_mut(rows * k)
-                .zip(d.chunks_mut(rows * spans))
-                .zip(s.chunks_mut(rows * spans))
-                .zip(offsets.chunks_mut(rows * spans * 2))
-                .take(tiles)
-                .enumerate()
-                .for_each(one);
-        }
+            });
     }
 }
 
