@@ -41,7 +41,7 @@ pub enum QuantKind {
     /// (LLM activations spike in a few channels, and a block scaled to a
     /// spike loses its other values), so a backend with such a kernel for
     /// `quant_type` may use it where it is faster (the CPU's: Q4_K, Q5_K
-    /// and Q6_K, and Q4_1 on AVX2 without VNNI; twice the multiplies per
+    /// and Q6_K, and Q4_1 on AVX2; twice the multiplies per
     /// instruction). A model sets it per
     /// layer role, where the rounding was measured not to move perplexity;
     /// elsewhere the backend's own activation precision applies. (Not in

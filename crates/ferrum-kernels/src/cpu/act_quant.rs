@@ -112,9 +112,9 @@ impl ActRows {
     /// in the order 0, 4, 1, 5, 2, 6, 3, 7, which is the order of a weight
     /// word's bytes once masked to low (values 0, 4, 1, 5) or high nibbles
     /// (2, 6, 3, 7), so that four activation bytes broadcast as one word
-    /// line up with them for `PMADDUBSW`; with `natural`, in value order.
+    /// line up with them for `PMADDUBSW` and `VPDPBUSD`; with `natural`, in value order.
     ///
-    /// The reordered layout is for x86's AVX2 kernels only (the caller
+    /// The reordered layout is for x86's kernels only (the caller
     /// checks [`super::interleaved::takes_act8`]); the natural one serves
     /// [`super::kquant_lanes`] on every CPU it supports, through
     /// `quantize8_group` where there is no x86 kernel.

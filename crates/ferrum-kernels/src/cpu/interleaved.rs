@@ -44,8 +44,8 @@
 //!
 //! Every output is computed by one lane through the same instructions for
 //! any number of activation rows (the engine's batched == alone guarantee),
-//! and, with 16-bit activations, by the same instructions in either vector
-//! width (8-bit ones, for Q4_1 on AVX2 only, round the inputs differently):
+//! and by the same instructions in either vector width (Q4_1 takes 8-bit
+//! activations, rounded differently from the others' 16-bit ones):
 //! per block `acc = fma(float(Σ w·a), d·d_a, acc)`, then for types with an
 //! offset `acc = fma(o, d_a·Σa, acc)`.
 
@@ -75,10 +75,12 @@ pub(crate) fn supports(ty: GgmlType) -> bool {
     legacy(ty) && super::features::has_avx2()
 }
 
-/// Whether `ty` may take 8-bit activations ([`ActRows::quantize8`]): Q4_1,
-/// on AVX2 without VNNI (see `quant_gemm::gemm_gguf`).
+/// Whether `ty` may take 8-bit activations ([`ActRows::quantize8`]): Q4_1
+/// (see `quant_gemm::gemm_gguf`), through `PMADDUBSW` on AVX2 and
+/// `VPDPBUSD` with AVX-512 VNNI (twice the multiplies per instruction of
+/// 16-bit `VPDPWSSD`).
 pub(crate) fn takes_act8(ty: GgmlType) -> bool {
-    ty == GgmlType::Q4_1 && supports(ty) && !super::features::has_vnni()
+    ty == GgmlType::Q4_1 && supports(ty)
 }
 
 fn legacy(ty: GgmlType) -> bool {
@@ -300,7 +302,7 @@ fn dot_group(
         // AVX-512 kernel's features); the extents asserted above are what
         // they read.
         unsafe {
-            if super::features::has_vnni() && !act.a8 {
+            if super::features::has_vnni() {
                 x86::dot_group_avx512(ty, gw.as_ptr(), nb, act, r0, m, out)
             } else {
                 x86::dot_group_avx2(ty, gw.as_ptr(), nb, act, r0, m, out)
@@ -423,8 +425,9 @@ mod tests {
     const GROUP_K: usize = 256;
 
     /// One interleaved group of random `ty` blocks (`GROUP_K` values per
-    /// row) and eight quantized activation rows.
-    fn one_group(ty: GgmlType, seed: u64, rng: &mut StdRng) -> (Vec<f32>, ActRows) {
+    /// row) and eight activation rows quantized each way the kernels take
+    /// them: 16-bit, and for Q4_1 8-bit too.
+    fn one_group(ty: GgmlType, seed: u64, rng: &mut StdRng) -> (Vec<f32>, Vec<ActRows>) {
         let blocks = ROWS * GROUP_K / 32;
         let bytes = crate::quant::random_blocks(ty, blocks, seed).unwrap_or_default();
         let words = repack(&bytes, ty, ROWS, GROUP_K).unwrap_or_else(|e| panic!("{e}"));
@@ -433,7 +436,13 @@ mod tests {
             .collect();
         let mut act = ActRows::default();
         act.quantize(&a, 8, GROUP_K, 32);
-        (words, act)
+        let mut acts = vec![act];
+        if ty == GgmlType::Q4_1 {
+            let mut act8 = ActRows::default();
+            act8.quantize8(&a, 8, GROUP_K, false);
+            acts.push(act8);
+        }
+        (words, acts)
     }
 
     /// A row's results do not depend on how many activation rows share the
@@ -448,23 +457,27 @@ mod tests {
         }
         let mut rng = StdRng::seed_from_u64(23);
         for (seed, ty) in TYPES.into_iter().enumerate() {
-            let (words, act) = one_group(ty, seed as u64, &mut rng);
+            let (words, acts) = one_group(ty, seed as u64, &mut rng);
             let w = crate::packed_bytes(&words);
-            let mut all = [[0f32; ROWS]; 8];
-            dot_group(ty, w, &act, 0, 8, &mut all);
-            for m in 1..=7 {
-                for r0 in 0..=8 - m {
-                    let mut part = [[0f32; ROWS]; 8];
-                    dot_group(ty, w, &act, r0, m, &mut part);
-                    assert_eq!(part[..m], all[r0..r0 + m], "{ty} rows {r0}..{}", r0 + m);
+            for act in &acts {
+                let mut all = [[0f32; ROWS]; 8];
+                dot_group(ty, w, act, 0, 8, &mut all);
+                for m in 1..=7 {
+                    for r0 in 0..=8 - m {
+                        let mut part = [[0f32; ROWS]; 8];
+                        dot_group(ty, w, act, r0, m, &mut part);
+                        let rows = format!("{ty} 8-bit {} rows {r0}..{}", act.a8, r0 + m);
+                        assert_eq!(part[..m], all[r0..r0 + m], "{rows}");
+                    }
                 }
             }
         }
     }
 
     /// The AVX-512 and the plain AVX2 kernels give the same bits for every
-    /// type and row count (their integer sums cannot differ, and the float
-    /// steps are the same instructions).
+    /// type and row count, and for Q4_1 with 8-bit activations too (their
+    /// integer sums cannot differ, and the float steps are the same
+    /// instructions).
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn vnni_and_avx2_kernels_agree_bitwise() {
@@ -475,17 +488,17 @@ mod tests {
         }
         let mut rng = StdRng::seed_from_u64(22);
         for (seed, ty) in TYPES.into_iter().enumerate() {
-            let (words, act) = one_group(ty, seed as u64, &mut rng);
+            let (words, acts) = one_group(ty, seed as u64, &mut rng);
             let w = crate::packed_bytes(&words);
-            for m in 1..=8 {
+            for (m, act) in (1..=8).flat_map(|m| acts.iter().map(move |a| (m, a))) {
                 let (mut x, mut y) = ([[0f32; ROWS]; 8], [[0f32; ROWS]; 8]);
                 // SAFETY: both entries' features were detected above; `w`
                 // holds one group of `nb` blocks and `act` eight rows.
                 unsafe {
-                    x86::dot_group_avx2(ty, w.as_ptr(), GROUP_K / 32, &act, 0, m, &mut x);
-                    x86::dot_group_avx512(ty, w.as_ptr(), GROUP_K / 32, &act, 0, m, &mut y);
+                    x86::dot_group_avx2(ty, w.as_ptr(), GROUP_K / 32, act, 0, m, &mut x);
+                    x86::dot_group_avx512(ty, w.as_ptr(), GROUP_K / 32, act, 0, m, &mut y);
                 }
-                assert_eq!(x[..m], y[..m], "{ty} m{m}");
+                assert_eq!(x[..m], y[..m], "{ty} m{m} 8-bit {}", act.a8);
             }
         }
     }

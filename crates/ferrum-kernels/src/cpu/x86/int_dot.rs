@@ -1,5 +1,5 @@
-//! Integer vector steps shared by the x86 k-quant kernels (`kquant_lanes`,
-//! `kquant_rows`).
+//! Integer vector steps shared by the x86 quantized kernels (`kquant_lanes`,
+//! `kquant_rows`, `interleaved`).
 
 use std::arch::x86_64::*;
 
@@ -33,6 +33,26 @@ pub(crate) unsafe fn dpbusd_at<const OFF: usize>(
     let mut acc = acc;
     std::arch::asm!(
         "vpdpbusd {d:y}, {w:y}, dword ptr [{a} + {off}]{{1to8}}",
+        d = inout(zmm_reg) acc,
+        w = in(zmm_reg) w,
+        a = in(reg) a,
+        off = const OFF,
+        options(pure, readonly, nostack, preserves_flags),
+    );
+    acc
+}
+
+/// [`dpbusd_at`] on 512-bit vectors (sixteen i32 lanes, `{1to16}`).
+#[target_feature(enable = "avx512f,avx512vnni")]
+#[inline]
+pub(crate) unsafe fn dpbusd512_at<const OFF: usize>(
+    acc: __m512i,
+    w: __m512i,
+    a: *const i8,
+) -> __m512i {
+    let mut acc = acc;
+    std::arch::asm!(
+        "vpdpbusd {d}, {w}, dword ptr [{a} + {off}]{{1to16}}",
         d = inout(zmm_reg) acc,
         w = in(zmm_reg) w,
         a = in(reg) a,
