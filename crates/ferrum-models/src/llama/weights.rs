@@ -369,6 +369,20 @@ impl<B: Backend> Linear<B> {
         })
     }
 
+    /// Whether the weight is in one of the 4- to 6-bit k-quant formats.
+    fn is_kquant(&self) -> bool {
+        matches!(
+            self,
+            Linear::Quant {
+                kind: QuantKind::Gguf {
+                    quant_type: GgufQuantType::Q4K | GgufQuantType::Q5K | GgufQuantType::Q6K,
+                    ..
+                },
+                ..
+            }
+        )
+    }
+
     /// Sets `QuantKind::Gguf::int8_activations` (a dense weight has none).
     fn set_int8_input(&mut self, on: bool) {
         if let Linear::Quant {
@@ -655,15 +669,21 @@ impl<B: Backend> Weights<B> {
     /// Lets every projection of the layers take its input rounded to 8
     /// bits per 32 values with lone outliers kept exact
     /// (`QuantKind::Gguf::int8_activations`), or none (`on = false`: the
-    /// backend's own precision). The language-model head keeps its
-    /// precision. On SmolLM2-135M Q4_1 (`ferrum perplexity --ctx 512`) the
-    /// layers' 8-bit inputs moved perplexity by +0.002% on GPL-3 and +0.047%
-    /// on a 31K-token corpus of other licence texts; without the outliers
-    /// +0.56% and +0.19% (emulated in f32). The head's input on 8 bits as
-    /// well would add +0.13% and +0.04% (emulated), too near the 0.1% budget
-    /// for a 21% share of the multiplies. On the k-quants (8-bit inputs in
-    /// the CPU's k-quant kernels) Qwen2.5-Coder-1.5B Q4_K_M moved by +0.067%
-    /// (1.75217 -> 1.75334) and Qwen2.5-Coder-0.5B by -0.019% on GPL-3.
+    /// backend's own precision). On SmolLM2-135M Q4_1 (`ferrum perplexity
+    /// --ctx 512`) the layers' 8-bit inputs moved perplexity by +0.002% on
+    /// GPL-3 and +0.047% on a 31K-token corpus of other licence texts;
+    /// without the outliers +0.56% and +0.19% (emulated in f32). On the
+    /// k-quants (8-bit inputs in the CPU's k-quant kernels)
+    /// Qwen2.5-Coder-1.5B Q4_K_M moved by +0.067% (1.75217 -> 1.75334) and
+    /// Qwen2.5-Coder-0.5B by -0.019% on GPL-3.
+    ///
+    /// The language-model head takes them only where it is a k-quant: the
+    /// 1.5B's Q6_K head on 8 bits moved GPL-3 by +0.007% (1.7531553 ->
+    /// 1.7532780, +0.063% from 16-bit inputs everywhere) and makes it the
+    /// faster kernel (a sixth of that model's multiplies: `gemm_quant`
+    /// Q6_K m = 8 142 -> 308 Gelem/s, batch-8 decode +7-9% on a Zen 4).
+    /// Other heads keep their precision: SmolLM2's (Q8_0) head on 8 bits
+    /// would add +0.13% on GPL-3 (emulated), too near the 0.1% budget.
     pub fn set_int8_inputs(&mut self, on: bool) {
         for l in &mut self.layers {
             match &mut l.qkv {
@@ -678,6 +698,11 @@ impl<B: Backend> Weights<B> {
                 .linears_mut()
                 .into_iter()
                 .for_each(|w| w.set_int8_input(on));
+        }
+        if let Some(head) = &mut self.lm_head {
+            if head.is_kquant() {
+                head.set_int8_input(on);
+            }
         }
     }
 }
