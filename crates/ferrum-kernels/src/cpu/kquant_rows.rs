@@ -385,35 +385,36 @@ pub(crate) fn gemm(act: &ActRows, w: &[u8], ty: GgmlType, out: &mut [f32], m: us
     // Checked once here for every group's outliers.
     assert!(!act.a8 || (0..m).all(|r| act.row_outliers(r).iter().all(|o| (o.at as usize) < k)));
     let step = rows_per_call();
+    // Several 8-bit rows on AVX-512 VNNI: two groups per kernel call.
+    let pairs = act.a8 && m > 1 && super::features::has_vnni();
     for block in act.blocks(m) {
         (0..tasks).into_par_iter().for_each(|t| {
-            let mut res = [[0f32; ROWS]; ACT_ROWS];
-            for g in t * GROUPS_PER_TASK..((t + 1) * GROUPS_PER_TASK).min(groups) {
-                let gw = &w[g * gb..][..gb];
-                let (j0, valid) = (g * ROWS, ROWS.min(n - g * ROWS));
+            let mut res = [[[0f32; ROWS]; ACT_ROWS]; 2];
+            let end = ((t + 1) * GROUPS_PER_TASK).min(groups);
+            let mut g = t * GROUPS_PER_TASK;
+            while g < end {
+                let count = if pairs && g + 1 < end { 2 } else { 1 };
                 for r0 in block.clone().step_by(step) {
                     let rows = step.min(block.end - r0);
-                    dot_group(ty, gw, act, r0, rows, &mut res);
-                    if act.a8 && m <= GROUP_OUTLIERS_MAX_M {
-                        for (c, res) in res[..rows].iter_mut().enumerate() {
-                            group_outliers(ty, gw, act, r0 + c, res);
-                        }
+                    if count == 2 {
+                        let [lo, hi] = &mut res;
+                        dot_pair(
+                            ty,
+                            [&w[g * gb..][..gb], &w[(g + 1) * gb..][..gb]],
+                            act,
+                            r0,
+                            rows,
+                            [lo, hi],
+                        );
+                    } else {
+                        dot_group(ty, &w[g * gb..][..gb], act, r0, rows, &mut res[0]);
                     }
-                    for (c, res) in res[..rows].iter().enumerate() {
-                        // SAFETY: row r0 + c < m and columns j0..j0 + valid
-                        // ≤ n of `out` ([m, n], asserted); only this task
-                        // writes group g's columns. A whole group as one
-                        // array: a copy of run-time length calls `memmove`.
-                        unsafe {
-                            let dst = ptr.get().add((r0 + c) * n + j0);
-                            if valid == ROWS {
-                                dst.cast::<[f32; ROWS]>().write_unaligned(*res);
-                            } else {
-                                std::ptr::copy_nonoverlapping(res.as_ptr(), dst, valid);
-                            }
-                        }
+                    for (i, res) in res[..count].iter_mut().enumerate() {
+                        let gw = &w[(g + i) * gb..][..gb];
+                        finish_group(ty, gw, act, (g + i, n), r0, &mut res[..rows], ptr, m);
                     }
                 }
+                g += count;
             }
         });
     }
@@ -458,6 +459,70 @@ fn dot_group(
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (ty, gw, act, r0, m, out);
+        unreachable!("supports() is false off x86-64");
+    }
+}
+
+/// Adds the outliers of the rows `r0..r0 + res.len()` to their results
+/// for group `g` (of `n` weight rows) and writes them to `out` (`[m, n]`).
+#[allow(clippy::too_many_arguments)]
+fn finish_group(
+    ty: GgmlType,
+    gw: &[u8],
+    act: &ActRows,
+    (g, n): (usize, usize),
+    r0: usize,
+    res: &mut [[f32; ROWS]],
+    out: SyncPtr,
+    m: usize,
+) {
+    let (j0, valid) = (g * ROWS, ROWS.min(n - g * ROWS));
+    assert!(r0 + res.len() <= m);
+    if act.a8 && m <= GROUP_OUTLIERS_MAX_M {
+        for (c, res) in res.iter_mut().enumerate() {
+            group_outliers(ty, gw, act, r0 + c, res);
+        }
+    }
+    for (c, res) in res.iter().enumerate() {
+        // SAFETY: row r0 + c < m (asserted) and columns j0..j0 + valid ≤ n
+        // of `out` ([m, n], asserted by `gemm`); only this task writes
+        // group g's columns. A whole group as one array: a copy of
+        // run-time length calls `memmove`.
+        unsafe {
+            let dst = out.get().add((r0 + c) * n + j0);
+            if valid == ROWS {
+                dst.cast::<[f32; ROWS]>().write_unaligned(*res);
+            } else {
+                std::ptr::copy_nonoverlapping(res.as_ptr(), dst, valid);
+            }
+        }
+    }
+}
+
+/// [`dot_group`] for two groups `gw` at once (8-bit activations on
+/// AVX-512 VNNI only): `out[i]` holds group `gw[i]`'s results, the same
+/// bits as [`dot_group`] gives.
+fn dot_pair(
+    ty: GgmlType,
+    gw: [&[u8]; 2],
+    act: &ActRows,
+    r0: usize,
+    m: usize,
+    out: [&mut [[f32; ROWS]; ACT_ROWS]; 2],
+) {
+    let bytes = act.k / 256 * group_bytes(ty);
+    assert!((1..=ACT_ROWS).contains(&m) && gw.iter().all(|g| g.len() == bytes));
+    assert!(act.a8 && act.tiles.rows > 0 && r0 % act.tiles.rows + m <= act.tiles.rows);
+    assert!(supports(ty) && super::features::has_vnni());
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `has_vnni` checked the entry's features; `gemm` asserted the
+    // activation extents, and both groups are whole (asserted).
+    unsafe {
+        x86::dot_pair_vnni(ty, gw.map(|g| g.as_ptr()), act, r0, m, out)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (gw, out);
         unreachable!("supports() is false off x86-64");
     }
 }
@@ -612,6 +677,48 @@ mod tests {
                                 );
                             }
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Two groups in one 512-bit call give each group's bits from the
+    /// 256-bit kernel, for every type and row count.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn pairs_of_groups_equal_single_groups() {
+        use rand::{rngs::StdRng, Rng, SeedableRng};
+
+        use super::{dot_group, dot_pair, group_bytes, quantize, ACT_ROWS};
+        use crate::cpu::act_quant::ActRows;
+        if !crate::cpu::features::has_vnni() {
+            eprintln!("skipped: no AVX-512 VNNI");
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(6);
+        for (seed, ty) in TYPES.into_iter().enumerate() {
+            let k = 512;
+            let bytes = random_blocks(ty, 2 * ROWS * k / 256, seed as u64).unwrap_or_default();
+            let words = repack(&bytes, ty, 2 * ROWS, k).unwrap_or_else(|e| panic!("{e}"));
+            let w = crate::packed_bytes(&words);
+            let gb = k / 256 * group_bytes(ty);
+            let (g0, g1) = (&w[..gb], &w[gb..2 * gb]);
+            let a: Vec<f32> = (0..ACT_ROWS * k)
+                .map(|_| rng.random_range(-2.0f32..2.0))
+                .collect();
+            let mut act = ActRows::default();
+            quantize(&mut act, &a, ACT_ROWS, k, true);
+            for m in 1..=ACT_ROWS {
+                for r0 in 0..=ACT_ROWS - m {
+                    let mut single = [[[0f32; ROWS]; ACT_ROWS]; 2];
+                    dot_group(ty, g0, &act, r0, m, &mut single[0]);
+                    dot_group(ty, g1, &act, r0, m, &mut single[1]);
+                    let mut pair = [[[0f32; ROWS]; ACT_ROWS]; 2];
+                    let [lo, hi] = &mut pair;
+                    dot_pair(ty, [g0, g1], &act, r0, m, [lo, hi]);
+                    for i in 0..2 {
+                        assert_eq!(pair[i][..m], single[i][..m], "{ty} rows {r0}+{m} group {i}");
                     }
                 }
             }
