@@ -385,7 +385,10 @@ pub(crate) fn gemm(act: &ActRows, w: &[u8], ty: GgmlType, out: &mut [f32], m: us
     // Checked once here for every group's outliers.
     assert!(!act.a8 || (0..m).all(|r| act.row_outliers(r).iter().all(|o| (o.at as usize) < k)));
     let step = rows_per_call();
-    // Several 8-bit rows on AVX-512 VNNI: two groups per kernel call.
+    // Several 8-bit rows on AVX-512 VNNI: two groups per kernel call. A
+    // lone row keeps one group a call: the two groups' streams from memory
+    // halved a decode GEMV's bandwidth (`gemm_quant_dram` Q4_K int8 40 ->
+    // 19 GiB/s on a Zen 4, with two dependency chains per half as `half8`).
     let pairs = act.a8 && m > 1 && super::features::has_vnni();
     for block in act.blocks(m) {
         (0..tasks).into_par_iter().for_each(|t| {
