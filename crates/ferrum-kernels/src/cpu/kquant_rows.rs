@@ -450,11 +450,14 @@ fn dot_group(
     // multiple of 8, and tiles hold 8 rows, or the one row there is.
     assert!(!act.a8 || (act.tiles.rows > 0 && r0 % act.tiles.rows + m <= act.tiles.rows));
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `supports` checked AVX2/FMA/F16C (and `has_vnni` the VNNI
-    // entry's features); `gemm` asserted the activation extents.
+    // SAFETY: `supports` checked AVX2/FMA/F16C (and `has_vnni` or
+    // `has_avx_vnni` the VNNI entries' features); `gemm` asserted the
+    // activation extents.
     unsafe {
         if super::features::has_vnni() {
             x86::dot_group_vnni(ty, gw.as_ptr(), act, r0, m, out)
+        } else if super::features::has_avx_vnni() {
+            x86::dot_group_avx_vnni(ty, gw.as_ptr(), act, r0, m, out)
         } else {
             x86::dot_group_avx2(ty, gw.as_ptr(), act, r0, m, out)
         }
@@ -622,8 +625,8 @@ mod tests {
         }
     }
 
-    /// The AVX2 and VNNI kernels give the same bits for every type, row
-    /// count and activation width, and a row's results do not depend on
+    /// The AVX2, AVX-512 VNNI and AVX-VNNI kernels give the same bits for
+    /// every type, row count and activation width, and a row's results do not depend on
     /// the rows computed with it.
     #[cfg(target_arch = "x86_64")]
     #[test]
@@ -637,6 +640,10 @@ mod tests {
             return;
         }
         let vnni = crate::cpu::features::has_vnni();
+        let avx_vnni = crate::cpu::features::has_avx_vnni();
+        if !avx_vnni {
+            eprintln!("AVX-VNNI kernel not checked: this CPU lacks it");
+        }
         let mut rng = StdRng::seed_from_u64(5);
         for (seed, ty) in TYPES.into_iter().enumerate() {
             let k = 512;
@@ -677,6 +684,14 @@ mod tests {
                                     y[..m],
                                     all[r0..r0 + m],
                                     "{ty} VNNI rows {r0}+{m} 8-bit {a8}"
+                                );
+                            }
+                            if avx_vnni && m <= AVX2_ROWS {
+                                x86::dot_group_avx_vnni(ty, w.as_ptr(), &act, r0, m, &mut y);
+                                assert_eq!(
+                                    y[..m],
+                                    all[r0..r0 + m],
+                                    "{ty} AVX-VNNI rows {r0}+{m} 8-bit {a8}"
                                 );
                             }
                         }

@@ -88,9 +88,9 @@ unsafe impl Send for SyncPtr {}
 unsafe impl Sync for SyncPtr {}
 
 /// The vector instruction set the CPU kernels use on this machine
-/// (`"avx2+fma+vnni"`, `"avx2+fma"`, `"neon+dotprod+i8mm"`,
-/// `"neon+dotprod"`, `"neon"` or `"scalar"`), for logs and
-/// `ferrum system-info`.
+/// (`"avx2+fma+vnni"` for AVX-512 VNNI, `"avx2+fma+avx-vnni"`,
+/// `"avx2+fma"`, `"neon+dotprod+i8mm"`, `"neon+dotprod"`, `"neon"` or
+/// `"scalar"`), for logs and `ferrum system-info`.
 pub fn simd_level() -> &'static str {
     use features::*;
     match (
@@ -101,6 +101,7 @@ pub fn simd_level() -> &'static str {
         has_i8mm(),
     ) {
         (true, true, ..) => "avx2+fma+vnni",
+        (true, false, ..) if has_avx_vnni() => "avx2+fma+avx-vnni",
         (true, false, ..) => "avx2+fma",
         (_, _, true, true, true) => "neon+dotprod+i8mm",
         (_, _, true, true, false) => "neon+dotprod",

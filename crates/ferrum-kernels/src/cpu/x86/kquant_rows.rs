@@ -1,6 +1,8 @@
-//! The grouped k-quant kernels for x86-64: AVX2 (`PMADDUBSW` / `PMADDWD`)
-//! and AVX-512 VNNI's `VPDPBUSD` / `VPDPWSSD` on 256-bit vectors (the same
-//! integers, so the same results).
+//! The grouped k-quant kernels for x86-64: AVX2 (`PMADDUBSW` / `PMADDWD`),
+//! AVX-512 VNNI's `VPDPBUSD` / `VPDPWSSD` on 256-bit vectors, and the same
+//! instructions VEX-encoded (AVX-VNNI: Intel's client cores from Alder
+//! Lake, which lack AVX-512) with sixteen registers and no broadcast from
+//! memory. All compute the same integers, so the same results.
 
 use std::arch::x86_64::*;
 
@@ -8,6 +10,13 @@ use ferrum_types::GgmlType;
 
 use super::{span_at, ActRows, ACT_ROWS, ROWS};
 use crate::cpu::int_dot::{dpbusd512_at, dpbusd_at, dpwssd, shift16};
+
+/// Which integer dot products a kernel uses (the `ISA` parameter).
+const AVX2: u8 = 0;
+/// AVX-512 VNNI on 256-bit vectors: 32 registers, broadcasts folded.
+const VNNI512: u8 = 1;
+/// AVX-VNNI: 16 registers, so at most [`super::AVX2_ROWS`] rows a call.
+const AVX_VNNI: u8 = 2;
 
 /// How far ahead [`prefetch`] reads.
 const PREFETCH: usize = 2048;
@@ -97,13 +106,30 @@ unsafe fn bcast<T>(p: *const T) -> __m256i {
 /// Per lane (row), `x` plus Σ part · activation over one half for `M`
 /// rows of 8-bit activations, row `c`'s values at `a + 32c` (a tile).
 #[inline(always)]
-unsafe fn half8<F: Rows, const VNNI: bool, const M: usize>(
+unsafe fn half8<F: Rows, const ISA: u8, const M: usize>(
     parts: &[__m256i; 4],
     a: *const i8,
     mut x: [__m256i; M],
 ) -> [__m256i; M] {
     let zero = _mm256_setzero_si256();
-    if VNNI && M == 1 {
+    if ISA == AVX_VNNI {
+        // One row: two chains, as below.
+        if M == 1 {
+            let y = _mm256_dpbusd_avx_epi32(x[0], parts[0], bcast(a));
+            let z = _mm256_dpbusd_avx_epi32(zero, parts[2], bcast(a.add(8)));
+            let y = _mm256_dpbusd_avx_epi32(y, parts[1], bcast(a.add(4)));
+            let z = _mm256_dpbusd_avx_epi32(z, parts[3], bcast(a.add(12)));
+            x[0] = _mm256_add_epi32(y, z);
+            return x;
+        }
+        for (c, x) in x.iter_mut().enumerate() {
+            for (u, &p) in parts.iter().enumerate() {
+                *x = _mm256_dpbusd_avx_epi32(*x, p, bcast(a.add(32 * c + 4 * u)));
+            }
+        }
+        return x;
+    }
+    if ISA == VNNI512 && M == 1 {
         // One row: two chains, or the loop waits on the latency.
         let y = dpbusd_at::<0>(x[0], parts[0], a);
         let z = dpbusd_at::<8>(zero, parts[2], a);
@@ -112,7 +138,7 @@ unsafe fn half8<F: Rows, const VNNI: bool, const M: usize>(
         x[0] = _mm256_add_epi32(y, z);
         return x;
     }
-    if VNNI {
+    if ISA == VNNI512 {
         // Rows unrolled by hand: the offsets must be constants.
         macro_rules! rows {
             ($($c:literal)*) => {$(
@@ -145,7 +171,7 @@ unsafe fn half8<F: Rows, const VNNI: bool, const M: usize>(
 /// part split into its even and odd values as i16 lanes (Q6_K's made
 /// signed), each multiplied by a broadcast pair.
 #[inline(always)]
-unsafe fn half16<F: Rows, const VNNI: bool, const M: usize>(
+unsafe fn half16<F: Rows, const ISA: u8, const M: usize>(
     parts: &[__m256i; 4],
     a: [*const i16; M],
     mut x: [__m256i; M],
@@ -162,8 +188,10 @@ unsafe fn half16<F: Rows, const VNNI: bool, const M: usize>(
         }
         for c in 0..M {
             let (pe, po) = (bcast(a[c].add(4 * u)), bcast(a[c].add(4 * u + 2)));
-            x[c] = if VNNI {
+            x[c] = if ISA == VNNI512 {
                 dpwssd(dpwssd(x[c], even, pe), odd, po)
+            } else if ISA == AVX_VNNI {
+                _mm256_dpwssd_avx_epi32(_mm256_dpwssd_avx_epi32(x[c], even, pe), odd, po)
             } else {
                 let y = _mm256_add_epi32(_mm256_madd_epi16(even, pe), _mm256_madd_epi16(odd, po));
                 _mm256_add_epi32(x[c], y)
@@ -217,7 +245,7 @@ impl<const M: usize> Rows8Or16<M> {
 /// Lane sums of half `h` of span `j` of super-block `b` for `M` activation
 /// rows, added to `start` (Q6_K: from its offsets instead).
 #[inline(always)]
-unsafe fn half_sums<F: Rows, const VNNI: bool, const M: usize>(
+unsafe fn half_sums<F: Rows, const ISA: u8, const M: usize>(
     g: *const u8,
     (b, j, h): (usize, usize, usize),
     act: &ActRows,
@@ -235,13 +263,13 @@ unsafe fn half_sums<F: Rows, const VNNI: bool, const M: usize>(
             }
         }
         let a = act.tiles.q.as_ptr().add((ts * at.tile + c0) * 32 + 16 * h);
-        half8::<F, VNNI, M>(&parts, a, start)
+        half8::<F, ISA, M>(&parts, a, start)
     } else {
         let mut a = [act.qs.as_ptr(); M];
         for (c, a) in a.iter_mut().enumerate() {
             *a = a.add((at.r0 + c) * at.k + 32 * t + 16 * h);
         }
-        half16::<F, VNNI, M>(&parts, a, start)
+        half16::<F, ISA, M>(&parts, a, start)
     }
 }
 
@@ -277,7 +305,7 @@ unsafe fn act_scales<const M: usize>(
 /// `sc`, folded into the float sums as soon as it is done (with both
 /// halves' integer sums live, eight rows ran out of registers).
 #[inline(always)]
-unsafe fn group<F: Rows, const VNNI: bool, const M: usize>(
+unsafe fn group<F: Rows, const ISA: u8, const M: usize>(
     g: *const u8,
     act: &ActRows,
     r0: usize,
@@ -297,7 +325,7 @@ unsafe fn group<F: Rows, const VNNI: bool, const M: usize>(
             let (da, sa) = act_scales(act, at, 8 * b + j);
             if F::SIXTEENS {
                 for h in 0..2 {
-                    let x = half_sums::<F, VNNI, M>(gb, (b, j, h), act, at, zero);
+                    let x = half_sums::<F, ISA, M>(gb, (b, j, h), act, at, zero);
                     let sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes(16 + 16 * j + 8 * h)));
                     let ds = _mm256_mul_ps(d, sc);
                     for c in 0..M {
@@ -306,16 +334,16 @@ unsafe fn group<F: Rows, const VNNI: bool, const M: usize>(
                     }
                 }
             } else {
-                let x0 = half_sums::<F, VNNI, M>(gb, (b, j, 0), act, at, zero);
+                let x0 = half_sums::<F, ISA, M>(gb, (b, j, 0), act, at, zero);
                 let x = if M == 1 {
-                    let x1 = half_sums::<F, VNNI, M>(gb, (b, j, 1), act, at, zero);
+                    let x1 = half_sums::<F, ISA, M>(gb, (b, j, 1), act, at, zero);
                     let mut x = x0;
                     for c in 0..M {
                         x[c] = _mm256_add_epi32(x0[c], x1[c]);
                     }
                     x
                 } else {
-                    half_sums::<F, VNNI, M>(gb, (b, j, 1), act, at, x0)
+                    half_sums::<F, ISA, M>(gb, (b, j, 1), act, at, x0)
                 };
                 // The span's scale vectors, shared by every activation row.
                 let dmin = _mm256_cvtph_ps(_mm_loadu_si128(gb.add(16).cast()));
@@ -514,7 +542,7 @@ pub(super) unsafe fn add_outliers(
 }
 
 #[inline(always)]
-unsafe fn by_type<const VNNI: bool>(
+unsafe fn by_type<const ISA: u8>(
     ty: GgmlType,
     g: *const u8,
     act: &ActRows,
@@ -525,14 +553,14 @@ unsafe fn by_type<const VNNI: bool>(
     macro_rules! run {
         ($f:ty) => {
             match m {
-                1 => group::<$f, VNNI, 1>(g, act, r0, out),
-                2 => group::<$f, VNNI, 2>(g, act, r0, out),
-                3 => group::<$f, VNNI, 3>(g, act, r0, out),
-                4 => group::<$f, VNNI, 4>(g, act, r0, out),
-                5 if VNNI => group::<$f, VNNI, 5>(g, act, r0, out),
-                6 if VNNI => group::<$f, VNNI, 6>(g, act, r0, out),
-                7 if VNNI => group::<$f, VNNI, 7>(g, act, r0, out),
-                _ if VNNI => group::<$f, VNNI, 8>(g, act, r0, out),
+                1 => group::<$f, ISA, 1>(g, act, r0, out),
+                2 => group::<$f, ISA, 2>(g, act, r0, out),
+                3 => group::<$f, ISA, 3>(g, act, r0, out),
+                4 => group::<$f, ISA, 4>(g, act, r0, out),
+                5 if ISA == VNNI512 => group::<$f, ISA, 5>(g, act, r0, out),
+                6 if ISA == VNNI512 => group::<$f, ISA, 6>(g, act, r0, out),
+                7 if ISA == VNNI512 => group::<$f, ISA, 7>(g, act, r0, out),
+                _ if ISA == VNNI512 => group::<$f, ISA, 8>(g, act, r0, out),
                 _ => unreachable!("AVX2 kernel called for {m} rows"),
             }
         };
@@ -554,7 +582,7 @@ pub(super) unsafe fn dot_group_avx2(
     m: usize,
     out: &mut [[f32; ROWS]; ACT_ROWS],
 ) {
-    by_type::<false>(ty, g, act, r0, m, out)
+    by_type::<AVX2>(ty, g, act, r0, m, out)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -566,7 +594,19 @@ pub(super) unsafe fn dot_group_vnni(
     m: usize,
     out: &mut [[f32; ROWS]; ACT_ROWS],
 ) {
-    by_type::<true>(ty, g, act, r0, m, out)
+    by_type::<VNNI512>(ty, g, act, r0, m, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub(super) unsafe fn dot_group_avx_vnni(
+    ty: GgmlType,
+    g: *const u8,
+    act: &ActRows,
+    r0: usize,
+    m: usize,
+    out: &mut [[f32; ROWS]; ACT_ROWS],
+) {
+    by_type::<AVX_VNNI>(ty, g, act, r0, m, out)
 }
 
 /// Two groups (`g0`'s rows, then `g1`'s) against `m` activation rows of
