@@ -298,12 +298,14 @@ fn dot_group(
             !act.a8 || ty == GgmlType::Q4_1,
             "8-bit activations are for Q4_1 only"
         );
-        // SAFETY: `supports` checked AVX2/FMA/F16C (and `has_vnni` the
-        // AVX-512 kernel's features); the extents asserted above are what
-        // they read.
+        // SAFETY: `supports` checked AVX2/FMA/F16C (and `has_vnni` or
+        // `has_avx_vnni` the VNNI kernels' features); the extents asserted
+        // above are what they read.
         unsafe {
             if super::features::has_vnni() {
                 x86::dot_group_avx512(ty, gw.as_ptr(), nb, act, r0, m, out)
+            } else if act.a8 && super::features::has_avx_vnni() {
+                x86::dot_group_a8_avx_vnni(gw.as_ptr(), nb, act, r0, m, out)
             } else {
                 x86::dot_group_avx2(ty, gw.as_ptr(), nb, act, r0, m, out)
             }
@@ -475,15 +477,20 @@ mod tests {
     }
 
     /// The AVX-512 and the plain AVX2 kernels give the same bits for every
-    /// type and row count, and for Q4_1 with 8-bit activations too (their
+    /// type and row count, and for Q4_1 with 8-bit activations too, as does
+    /// the AVX-VNNI one where the CPU has it (their
     /// integer sums cannot differ, and the float steps are the same
     /// instructions).
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn vnni_and_avx2_kernels_agree_bitwise() {
-        use super::{super::features::has_vnni, supports, x86};
-        if !has_vnni() || !supports(GgmlType::Q4_0) {
-            eprintln!("skipped: this CPU lacks AVX-512 VNNI");
+        use super::{
+            super::features::{has_avx_vnni, has_vnni},
+            supports, x86,
+        };
+        let (vnni, avx_vnni) = (has_vnni(), has_avx_vnni());
+        if !supports(GgmlType::Q4_0) || !(vnni || avx_vnni) {
+            eprintln!("skipped: this CPU has neither AVX-512 VNNI nor AVX-VNNI");
             return;
         }
         let mut rng = StdRng::seed_from_u64(22);
@@ -492,13 +499,19 @@ mod tests {
             let w = crate::packed_bytes(&words);
             for (m, act) in (1..=8).flat_map(|m| acts.iter().map(move |a| (m, a))) {
                 let (mut x, mut y) = ([[0f32; ROWS]; 8], [[0f32; ROWS]; 8]);
-                // SAFETY: both entries' features were detected above; `w`
+                // SAFETY: each entry's features were detected above; `w`
                 // holds one group of `nb` blocks and `act` eight rows.
                 unsafe {
                     x86::dot_group_avx2(ty, w.as_ptr(), GROUP_K / 32, act, 0, m, &mut x);
-                    x86::dot_group_avx512(ty, w.as_ptr(), GROUP_K / 32, act, 0, m, &mut y);
+                    if vnni {
+                        x86::dot_group_avx512(ty, w.as_ptr(), GROUP_K / 32, act, 0, m, &mut y);
+                        assert_eq!(x[..m], y[..m], "{ty} m{m} 8-bit {}", act.a8);
+                    }
+                    if avx_vnni && act.a8 {
+                        x86::dot_group_a8_avx_vnni(w.as_ptr(), GROUP_K / 32, act, 0, m, &mut y);
+                        assert_eq!(x[..m], y[..m], "{ty} m{m} AVX-VNNI");
+                    }
                 }
-                assert_eq!(x[..m], y[..m], "{ty} m{m} 8-bit {}", act.a8);
             }
         }
     }

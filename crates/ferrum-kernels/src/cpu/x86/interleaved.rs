@@ -419,9 +419,11 @@ unsafe fn group256x2<F: Format, const M: usize>(
 /// and four broadcast activation bytes go to `PMADDUBSW`, twice the
 /// multiplies per instruction of `PMADDWD`; its i16 sums are added up in
 /// i16 over the block (eight of at most 2 · 15 · 127 = 3,810: 30,480, no
-/// overflow) and widened once per block by a `PMADDWD` with ones.
+/// overflow) and widened once per block by a `PMADDWD` with ones. With
+/// `VEX` (AVX-VNNI), one `VPDPBUSD` adds the products straight into i32:
+/// the same sums.
 #[inline(always)]
-unsafe fn group_a8<const M: usize>(
+unsafe fn group_a8<const M: usize, const VEX: bool>(
     g: *const u8,
     nb: usize,
     act: &ActRows,
@@ -454,7 +456,11 @@ unsafe fn group_a8<const M: usize>(
                     let a = act.q8.as_ptr().add((r0 + r) * k + 32 * b + 8 * c + 4 * t);
                     let xa = _mm256_set1_epi32(a.cast::<i32>().read_unaligned());
                     for (dot, w) in dots.iter_mut().zip(w) {
-                        *dot = _mm256_add_epi16(*dot, _mm256_maddubs_epi16(w, xa));
+                        *dot = if VEX {
+                            _mm256_dpbusd_avx_epi32(*dot, w, xa)
+                        } else {
+                            _mm256_add_epi16(*dot, _mm256_maddubs_epi16(w, xa))
+                        };
                     }
                 }
             }
@@ -465,7 +471,11 @@ unsafe fn group_a8<const M: usize>(
             for (c, (acc, dots)) in acc.iter_mut().zip(&dots).enumerate() {
                 let i = (r0 + c) * stride + b;
                 let s = _mm256_mul_ps(d, _mm256_set1_ps(*act.d.as_ptr().add(i)));
-                let dot = _mm256_madd_epi16(dots[u], ones);
+                let dot = if VEX {
+                    dots[u]
+                } else {
+                    _mm256_madd_epi16(dots[u], ones)
+                };
                 acc[u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, acc[u]);
                 acc[u] = _mm256_fmadd_ps(o, _mm256_set1_ps(*act.s.as_ptr().add(i)), acc[u]);
             }
@@ -562,6 +572,36 @@ macro_rules! by_type {
     };
 }
 
+/// [`group_a8`] for up to eight rows: four and four more.
+#[inline(always)]
+unsafe fn a8_in_fours<const VEX: bool>(
+    g: *const u8,
+    nb: usize,
+    act: &ActRows,
+    r0: usize,
+    m: usize,
+    out: &mut [[f32; ROWS]; ACT_ROWS],
+) {
+    let (lo, hi) = out.split_at_mut(4);
+    by_m!(m.min(4), M => group_a8::<M, VEX>(g, nb, act, r0, lo));
+    if m > 4 {
+        by_m!(m - 4, M => group_a8::<M, VEX>(g, nb, act, r0 + 4, hi));
+    }
+}
+
+/// Q4_1 with 8-bit activations on AVX-VNNI ([`group_a8`] with `VEX`).
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub(super) unsafe fn dot_group_a8_avx_vnni(
+    g: *const u8,
+    nb: usize,
+    act: &ActRows,
+    r0: usize,
+    m: usize,
+    out: &mut [[f32; ROWS]; ACT_ROWS],
+) {
+    a8_in_fours::<true>(g, nb, act, r0, m, out)
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_group_avx2(
     ty: GgmlType,
@@ -574,11 +614,7 @@ pub(super) unsafe fn dot_group_avx2(
 ) {
     if act.a8 {
         // Q4_1 only (`dot_group` checked); four rows and four more.
-        let (lo, hi) = out.split_at_mut(4);
-        by_m!(m.min(4), M => group_a8::<M>(g, nb, act, r0, lo));
-        if m > 4 {
-            by_m!(m - 4, M => group_a8::<M>(g, nb, act, r0 + 4, hi));
-        }
+        a8_in_fours::<false>(g, nb, act, r0, m, out);
         return;
     }
     // Five to eight rows: twice four rows unpacks the weights twice, which
