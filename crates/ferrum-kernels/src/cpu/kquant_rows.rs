@@ -626,8 +626,8 @@ mod tests {
     }
 
     /// The AVX2, AVX-512 VNNI and AVX-VNNI kernels give the same bits for
-    /// every type, row count and activation width, and a row's results do not depend on
-    /// the rows computed with it.
+    /// every type, row count and activation width, and a row's results do
+    /// not depend on the rows computed with it.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn kernels_agree_bitwise_and_rows_are_independent() {

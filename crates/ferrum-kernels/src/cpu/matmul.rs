@@ -3,7 +3,9 @@
 //! Two regimes. Decode-sized `m` is memory-bound: each weight row is
 //! streamed once and dotted with every activation row while it is in L1, with
 //! the `n` rows split across threads. Larger `m` is compute-bound and goes to
-//! the `gemm` crate's packed, cache-blocked micro-kernels.
+//! the `gemm` crate's packed, cache-blocked micro-kernels, except for small
+//! weight matrices (MoE routers), which keep streaming so that a row's
+//! results never depend on the batch.
 
 use rayon::prelude::*;
 
@@ -19,6 +21,14 @@ mod x86;
 /// decode-sized batches only.
 pub(crate) const STREAMING_MAX_M: usize = 8;
 
+/// Weight matrices of at most this many rows stream for any `m`, so that
+/// each activation row's results are the same bits however many rows come
+/// with it (the `gemm` crate's blocking rounds differently for different
+/// `m`). These are MoE routers (8 to 256 experts): their scores pick the
+/// experts, and a batch must pick what each sequence alone picks. Their
+/// weights stay in cache, so streaming costs little even for a prompt.
+pub(crate) const ROW_INVARIANT_MAX_N: usize = 256;
+
 /// Weight rows per parallel task: enough to amortise task overhead.
 pub(crate) const ROWS_PER_TASK: usize = 16;
 
@@ -31,7 +41,7 @@ pub(crate) fn gemm(a: &[f32], b: &[f32], out: &mut [f32], m: usize, n: usize, k:
         out.fill(0.0);
         return;
     }
-    if m <= STREAMING_MAX_M {
+    if m <= STREAMING_MAX_M || n <= ROW_INVARIANT_MAX_N {
         streaming(a, b, out, m, n, k);
     } else {
         // SAFETY: `out` holds exactly m × n values with row stride n.
@@ -48,11 +58,15 @@ fn streaming(a: &[f32], b: &[f32], out: &mut [f32], m: usize, n: usize, k: usize
         let mut dots = [0f32; STREAMING_MAX_M];
         for j in lo..hi {
             let w = &b[j * k..(j + 1) * k];
-            multi_dot(a, w, k, &mut dots[..m]);
-            for (i, &d) in dots[..m].iter().enumerate() {
-                // SAFETY: i < m, j < n, so i * n + j is inside `out`, and
-                // only the task owning row j writes column j.
-                unsafe { *ptr.get().add(i * n + j) = d };
+            for r0 in (0..m).step_by(STREAMING_MAX_M) {
+                let rows = STREAMING_MAX_M.min(m - r0);
+                multi_dot(&a[r0 * k..], w, k, &mut dots[..rows]);
+                for (i, &d) in dots[..rows].iter().enumerate() {
+                    // SAFETY: r0 + i < m, j < n, so (r0 + i) * n + j is
+                    // inside `out`, and only the task owning row j writes
+                    // column j.
+                    unsafe { *ptr.get().add((r0 + i) * n + j) = d };
+                }
             }
         }
     };
@@ -63,19 +77,21 @@ fn streaming(a: &[f32], b: &[f32], out: &mut [f32], m: usize, n: usize, k: usize
     }
 }
 
-/// `dots[i] = a[i, :] · w` for every row of `a`, reading `w` once.
+/// `dots[i] = a[i, :] · w` for every row of `a`, reading `w` once. A row's
+/// result does not depend on how many rows come with it or where it sits
+/// among them (four at a time share the loads of `w`, the same arithmetic
+/// per row as one alone).
 pub(crate) fn multi_dot(a: &[f32], w: &[f32], k: usize, dots: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if super::features::has_avx2() {
-        let mut i = 0;
-        while i + 4 <= dots.len() {
-            // SAFETY: AVX2/FMA present; rows i..i+4 exist in `a`.
-            let d = unsafe { x86::dot4_avx2(&a[i * k..(i + 4) * k], w, k) };
-            dots[i..i + 4].copy_from_slice(&d);
-            i += 4;
+        let fours = dots.len() / 4 * 4;
+        for (i, d) in dots[..fours].chunks_exact_mut(4).enumerate() {
+            // SAFETY: AVX2/FMA present; `dots_avx2` asserts its extents.
+            d.copy_from_slice(&unsafe { x86::dots_avx2::<4>(&a[4 * i * k..], w, k) });
         }
-        for (r, d) in dots.iter_mut().enumerate().skip(i) {
-            *d = simd::dot(&a[r * k..(r + 1) * k], w);
+        for (i, d) in dots.iter_mut().enumerate().skip(fours) {
+            // SAFETY: as above.
+            *d = unsafe { x86::dots_avx2::<1>(&a[i * k..], w, k) }[0];
         }
         return;
     }

@@ -561,7 +561,7 @@ unsafe fn by_type<const ISA: u8>(
                 6 if ISA == VNNI512 => group::<$f, ISA, 6>(g, act, r0, out),
                 7 if ISA == VNNI512 => group::<$f, ISA, 7>(g, act, r0, out),
                 _ if ISA == VNNI512 => group::<$f, ISA, 8>(g, act, r0, out),
-                _ => unreachable!("AVX2 kernel called for {m} rows"),
+                _ => unreachable!("16-register kernel called for {m} rows"),
             }
         };
     }
