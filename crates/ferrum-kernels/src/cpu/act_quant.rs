@@ -114,10 +114,10 @@ impl ActRows {
     /// (2, 6, 3, 7), so that four activation bytes broadcast as one word
     /// line up with them for `PMADDUBSW` and `VPDPBUSD`; with `natural`, in value order.
     ///
-    /// The reordered layout is for x86's kernels only (the caller
+    /// The reordered layout is for the interleaved Q4_1 kernels (the caller
     /// checks [`super::interleaved::takes_act8`]); the natural one serves
-    /// [`super::kquant_lanes`] on every CPU it supports, through
-    /// `quantize8_group` where there is no x86 kernel.
+    /// [`super::kquant_lanes`]. Off x86, `quantize8_group` quantizes and
+    /// the order is applied afterwards.
     pub(crate) fn quantize8(&mut self, a: &[f32], m: usize, k: usize, natural: bool) {
         debug_assert!(k.is_multiple_of(32) && a.len() >= m * k);
         let groups = k / 32;
@@ -155,10 +155,18 @@ impl ActRows {
             }
             #[cfg(not(target_arch = "x86_64"))]
             for g in 0..groups {
-                debug_assert!(natural, "the reordered 8-bit layout is x86's");
                 let x = &x[32 * g..][..32];
                 let (qg, dg, spike) = quantize8_group(x);
-                q[32 * g..][..32].copy_from_slice(&qg);
+                let q = &mut q[32 * g..][..32];
+                if natural {
+                    q.copy_from_slice(&qg);
+                } else {
+                    for (q, run) in q.chunks_exact_mut(8).zip(qg.chunks_exact(8)) {
+                        for (q, at) in q.iter_mut().zip(REORDER) {
+                            *q = run[at];
+                        }
+                    }
+                }
                 d[g] = dg;
                 s[g] = dg * qg.iter().map(|&v| i32::from(v)).sum::<i32>() as f32;
                 if let Some(o) = spike {
@@ -195,6 +203,10 @@ impl ActRows {
         (0..m).step_by(rows).map(move |r| r..(r + rows).min(m))
     }
 }
+
+/// The reordered 8-bit layout's value order within each run of eight.
+#[cfg(not(target_arch = "x86_64"))]
+const REORDER: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
 
 type Row8Mut<'a> = (
     (
@@ -307,7 +319,7 @@ mod tests {
     /// rows with planted spikes of either side of the threshold.
     #[test]
     fn quantize8_matches_its_statement() {
-        if !super::super::features::has_avx2() {
+        if cfg!(target_arch = "x86_64") && !super::super::features::has_avx2() {
             return;
         }
         let mut rng = StdRng::seed_from_u64(4);

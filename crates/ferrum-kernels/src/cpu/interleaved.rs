@@ -18,7 +18,9 @@
 //! for up to four activation rows, where each broadcast activation pair
 //! feeds both halves, and so in runs of four for more rows; the 5-bit
 //! types, whose unpacking is dearer, take one half at a time for eight
-//! rows (eight accumulators).
+//! rows (eight accumulators). AArch64 takes the sixteen rows as four
+//! 128-bit vectors (`arm/interleaved.rs`), with the same integer sums and
+//! float steps as x86, so the same bits.
 //!
 //! Layout of one *group block* (rows `16g..16g+16`, block `b`; groups are
 //! stored one after another, each holding its blocks in order, rows past
@@ -55,6 +57,9 @@ use rayon::prelude::*;
 use super::act_quant::ActRows;
 use super::SyncPtr;
 
+#[cfg(target_arch = "aarch64")]
+#[path = "arm/interleaved.rs"]
+mod arm;
 #[cfg(target_arch = "x86_64")]
 #[path = "x86/interleaved.rs"]
 mod x86;
@@ -72,13 +77,13 @@ const ACT_ROWS: usize = 8;
 /// Whether weights of type `ty` are interleaved (and computed by this
 /// module's kernels) on this CPU.
 pub(crate) fn supports(ty: GgmlType) -> bool {
-    legacy(ty) && super::features::has_avx2()
+    legacy(ty) && (super::features::has_avx2() || super::features::has_neon())
 }
 
 /// Whether `ty` may take 8-bit activations ([`ActRows::quantize8`]): Q4_1
 /// (see `quant_gemm::gemm_gguf`), through `PMADDUBSW` on AVX2 and
 /// `VPDPBUSD` with AVX-512 VNNI (twice the multiplies per instruction of
-/// 16-bit `VPDPWSSD`).
+/// 16-bit `VPDPWSSD`), and `SDOT` on Arm.
 pub(crate) fn takes_act8(ty: GgmlType) -> bool {
     ty == GgmlType::Q4_1 && supports(ty)
 }
@@ -279,7 +284,7 @@ fn group_task(
 
 /// `out[c][r] = act[r0 + c] · dequant(row r of group gw)` for `m ≤ 8`
 /// activation rows: 512-bit vectors where AVX-512 VNNI exists, else the
-/// group's two halves in 256-bit vectors.
+/// group's two halves in 256-bit vectors; 128-bit NEON on Arm.
 fn dot_group(
     ty: GgmlType,
     gw: &[u8],
@@ -288,33 +293,41 @@ fn dot_group(
     m: usize,
     out: &mut [[f32; ROWS]; ACT_ROWS],
 ) {
+    let nb = act.k / 32;
+    assert!(supports(ty) && gw.len() == nb * group_bytes(ty) && (1..=ACT_ROWS).contains(&m));
+    let values = if act.a8 { act.q8.len() } else { act.qs.len() };
+    assert!(values >= (r0 + m) * act.k && act.d.len() >= (r0 + m) * act.stride);
+    assert!(
+        !act.a8 || ty == GgmlType::Q4_1,
+        "8-bit activations are for Q4_1 only"
+    );
     #[cfg(target_arch = "x86_64")]
-    {
-        let nb = act.k / 32;
-        assert!(supports(ty) && gw.len() == nb * group_bytes(ty) && (1..=ACT_ROWS).contains(&m));
-        let values = if act.a8 { act.q8.len() } else { act.qs.len() };
-        assert!(values >= (r0 + m) * act.k && act.d.len() >= (r0 + m) * act.stride);
-        assert!(
-            !act.a8 || ty == GgmlType::Q4_1,
-            "8-bit activations are for Q4_1 only"
-        );
-        // SAFETY: `supports` checked AVX2/FMA/F16C (and `has_vnni` or
-        // `has_avx_vnni` the VNNI kernels' features); the extents asserted
-        // above are what they read.
-        unsafe {
-            if super::features::has_vnni() {
-                x86::dot_group_avx512(ty, gw.as_ptr(), nb, act, r0, m, out)
-            } else if act.a8 && super::features::has_avx_vnni() {
-                x86::dot_group_a8_avx_vnni(gw.as_ptr(), nb, act, r0, m, out)
-            } else {
-                x86::dot_group_avx2(ty, gw.as_ptr(), nb, act, r0, m, out)
-            }
+    // SAFETY: `supports` checked AVX2/FMA/F16C (and `has_vnni` or
+    // `has_avx_vnni` the VNNI kernels' features); the extents asserted
+    // above are what they read.
+    unsafe {
+        if super::features::has_vnni() {
+            x86::dot_group_avx512(ty, gw.as_ptr(), nb, act, r0, m, out)
+        } else if act.a8 && super::features::has_avx_vnni() {
+            x86::dot_group_a8_avx_vnni(gw.as_ptr(), nb, act, r0, m, out)
+        } else {
+            x86::dot_group_avx2(ty, gw.as_ptr(), nb, act, r0, m, out)
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: `supports` checked NEON (and `has_dotprod` the `SDOT`
+    // kernel's feature); the extents asserted above are what they read.
+    unsafe {
+        if act.a8 && super::features::has_dotprod() {
+            arm::dot_group_a8_dotprod(gw.as_ptr(), nb, act, r0, m, out)
+        } else {
+            arm::dot_group_neon(ty, gw.as_ptr(), nb, act, r0, m, out)
+        }
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
-        let _ = (ty, gw, act, r0, m, out);
-        unreachable!("supports() is false off x86-64");
+        let _ = (ty, out);
+        unreachable!("supports() is false off x86-64 and AArch64");
     }
 }
 
@@ -325,18 +338,20 @@ fn add_outliers(gw: &[u8], act: &ActRows, r: usize, out: &mut [f32; ROWS]) {
     if outliers.is_empty() {
         return;
     }
+    assert!(gw.len() == act.k / 32 * group_bytes(GgmlType::Q4_1));
     #[cfg(target_arch = "x86_64")]
-    {
-        assert!(gw.len() == act.k / 32 * group_bytes(GgmlType::Q4_1));
-        // SAFETY: `dot_group` checked the CPU features and that 8-bit
-        // activations come with Q4_1 weights; `gemm` checked that every
-        // outlier is below `k`, so its block lies in `gw` (asserted).
-        unsafe { x86::add_outliers_q41(gw.as_ptr(), outliers, out) }
+    // SAFETY: `dot_group` checked the CPU features and that 8-bit
+    // activations come with Q4_1 weights; `gemm` checked that every
+    // outlier is below `k`, so its block lies in `gw` (asserted).
+    unsafe {
+        x86::add_outliers_q41(gw.as_ptr(), outliers, out)
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    arm::add_outliers_q41(gw, outliers, out);
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
-        let _ = (gw, out);
-        unreachable!("8-bit activations are x86-64 only");
+        let _ = out;
+        unreachable!("8-bit activations are for x86-64 and AArch64");
     }
 }
 
@@ -358,8 +373,9 @@ mod tests {
     ];
 
     /// Reads value `i` of row `r` of block `b` back from the interleaved
-    /// layout, as `(d, offset, q)` with the value `d·q + offset`.
-    fn value(ty: GgmlType, w: &[u8], nb: usize, row: usize, b: usize, i: usize) -> f32 {
+    /// layout as `(d, m, q)`: its scale, its minimum (Q4_1, Q5_1; else 0)
+    /// and its integer quant (unsigned, but Q8_0's).
+    fn parts(ty: GgmlType, w: &[u8], nb: usize, row: usize, b: usize, i: usize) -> (f32, f32, i32) {
         let gb = group_bytes(ty);
         let blk = &w[((row / ROWS) * nb + b) * gb..][..gb];
         let r = row % ROWS;
@@ -367,7 +383,7 @@ mod tests {
         let d = f16(2 * r);
         let (p, lane) = (i / 2, 2 * r + i % 2);
         if ty == GgmlType::Q8_0 {
-            return d * f32::from(blk[32 + 32 * p + lane] as i8);
+            return (d, 0.0, i32::from(blk[32 + 32 * p + lane] as i8));
         }
         let qs = quants_at(ty);
         let word = |o: usize| u32::from_le_bytes([blk[o], blk[o + 1], blk[o + 2], blk[o + 3]]);
@@ -376,11 +392,23 @@ mod tests {
         if matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1) {
             q |= ((word(qs + 256 + 4 * r) >> (16 * (i % 2) + i / 2)) & 1) << 4;
         }
+        let m = if quants_at(ty) == 64 {
+            f16(32 + 2 * r)
+        } else {
+            0.0
+        };
+        (d, m, q as i32)
+    }
+
+    /// Value `i` of row `r` of block `b`, dequantized from [`parts`].
+    fn value(ty: GgmlType, w: &[u8], nb: usize, row: usize, b: usize, i: usize) -> f32 {
+        let (d, m, q) = parts(ty, w, nb, row, b, i);
         let q = q as f32;
         match ty {
             GgmlType::Q4_0 => d * (q - 8.0),
             GgmlType::Q5_0 => d * (q - 16.0),
-            _ => d * q + f16(32 + 2 * r),
+            GgmlType::Q8_0 => d * q,
+            _ => d * q + m,
         }
     }
 
@@ -470,6 +498,79 @@ mod tests {
                         dot_group(ty, w, act, r0, m, &mut part);
                         let rows = format!("{ty} 8-bit {} rows {r0}..{}", act.a8, r0 + m);
                         assert_eq!(part[..m], all[r0..r0 + m], "{rows}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whichever kernel this CPU runs (AVX-512 VNNI, AVX-VNNI, AVX2, NEON
+    /// with or without dotprod) gives exactly the bits of its statement:
+    /// per block, the exact integer dot product of the quants and the
+    /// quantized activations, then `acc = fma(float(dot), d·d_a, acc)` and,
+    /// for types with an offset, `acc = fma(o, s_a, acc)` (`o`: the
+    /// minimum, or `d·(−8)`, `d·(−16)`). So x86 and Arm give the same bits.
+    #[test]
+    fn kernels_give_the_bits_of_their_statement() {
+        use super::{dot_group, supports};
+        if !supports(GgmlType::Q4_0) {
+            eprintln!("skipped: no interleaved kernel on this CPU");
+            return;
+        }
+        let nb = GROUP_K / 32;
+        let mut rng = StdRng::seed_from_u64(29);
+        // 16-bit activations, or 8-bit ones in the kernel's order or in
+        // value order.
+        let quantized = |a: &[f32], a8: bool, natural: bool| {
+            let mut act = ActRows::default();
+            if a8 {
+                act.quantize8(a, 8, GROUP_K, natural);
+            } else {
+                act.quantize(a, 8, GROUP_K, 32);
+            }
+            act
+        };
+        for (seed, ty) in TYPES.into_iter().enumerate() {
+            let bytes = crate::quant::random_blocks(ty, ROWS * GROUP_K / 32, seed as u64 + 40)
+                .unwrap_or_default();
+            let words = repack(&bytes, ty, ROWS, GROUP_K).unwrap_or_else(|e| panic!("{e}"));
+            let w = crate::packed_bytes(&words);
+            let a: Vec<f32> = (0..8 * GROUP_K)
+                .map(|_| rng.random_range(-2.0f32..2.0))
+                .collect();
+            for a8 in [false, ty == GgmlType::Q4_1] {
+                let (act, natural) = (quantized(&a, a8, false), quantized(&a, a8, true));
+                let mut got = [[0f32; ROWS]; 8];
+                dot_group(ty, w, &act, 0, 8, &mut got);
+                for (c, got) in got.iter().enumerate() {
+                    for (r, &got) in got.iter().enumerate() {
+                        let mut acc = 0f32;
+                        for b in 0..nb {
+                            let mut dot = 0i32;
+                            let (mut d, mut m) = (0.0, 0.0);
+                            for i in 0..32 {
+                                let (dq, mq, q) = parts(ty, w, nb, r, b, i);
+                                (d, m) = (dq, mq);
+                                let at = c * GROUP_K + 32 * b + i;
+                                let a = if act.a8 {
+                                    i32::from(natural.q8[at])
+                                } else {
+                                    i32::from(natural.qs[at])
+                                };
+                                dot += q * a;
+                            }
+                            let at = c * act.stride + b;
+                            acc = (dot as f32).mul_add(d * act.d[at], acc);
+                            let o = match ty {
+                                GgmlType::Q4_0 => d * -8.0,
+                                GgmlType::Q5_0 => d * -16.0,
+                                GgmlType::Q8_0 => continue,
+                                _ => m,
+                            };
+                            acc = o.mul_add(act.s[at], acc);
+                        }
+                        let what = format!("{ty} 8-bit {} act row {c} weight row {r}", act.a8);
+                        assert_eq!(got.to_bits(), acc.to_bits(), "{what}: {got} vs {acc}");
                     }
                 }
             }

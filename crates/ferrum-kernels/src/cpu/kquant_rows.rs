@@ -244,26 +244,24 @@ fn columns(w: &[u8], ty: GgmlType, k: usize) -> impl super::outliers::Columns + 
                 && cols.len() >= ROWS * union.len()
         );
         let gw = &w[g * nb * gb..][..nb * gb];
+        #[cfg(target_arch = "x86_64")]
         for (s, &at) in union.iter().enumerate() {
             let at = at as usize;
             assert!(at < k);
-            #[cfg(target_arch = "x86_64")]
-            {
-                // The group's eight rows (past `n`: zero rows) at once.
-                let col = &mut cols[s * ROWS..][..ROWS];
-                // SAFETY: `supports` (checked by `gemm`) means AVX2/F16C;
-                // super-block `at / 256` lies in the group (asserted); `col`
-                // holds eight floats.
-                unsafe {
-                    let x = x86::values8(ty, gw[at / 256 * gb..].as_ptr(), at % 256);
-                    std::arch::x86_64::_mm256_storeu_ps(col.as_mut_ptr(), x);
-                }
+            // The group's eight rows (past `n`: zero rows) at once.
+            let col = &mut cols[s * ROWS..][..ROWS];
+            // SAFETY: `supports` (checked by `gemm`) means AVX2/F16C;
+            // super-block `at / 256` lies in the group (asserted); `col`
+            // holds eight floats.
+            unsafe {
+                let x = x86::values8(ty, gw[at / 256 * gb..].as_ptr(), at % 256);
+                std::arch::x86_64::_mm256_storeu_ps(col.as_mut_ptr(), x);
             }
-            #[cfg(not(target_arch = "x86_64"))]
-            {
-                let _ = (gw, s);
-                unreachable!("supports() is false off x86-64");
-            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (gw, ty);
+            unreachable!("supports() is false off x86-64");
         }
     }
 }

@@ -28,6 +28,9 @@ mod gptq;
 #[cfg(target_arch = "x86_64")]
 #[path = "x86/int_dot.rs"]
 mod int_dot;
+#[cfg(target_arch = "aarch64")]
+#[path = "arm/int_dot.rs"]
+mod int_dot;
 mod interleaved;
 mod kquant_lanes;
 mod kquant_rows;

@@ -24,6 +24,7 @@ use std::arch::aarch64::*;
 use ferrum_types::GgmlType;
 
 use super::ActRows;
+use crate::cpu::int_dot::dot4;
 use crate::quant::scale_min_k4;
 
 /// One repacked format (the parent module describes the layout).
@@ -149,34 +150,6 @@ unsafe fn header<F: Lanes>(b: *const u8) -> Header {
             nat: [vdupq_n_s16(0); 2],
             scales: [sc, sc],
         }
-    }
-}
-
-/// `SDOT`: per i32 lane, `acc` plus the four products of its bytes.
-#[target_feature(enable = "neon,dotprod")]
-#[inline]
-unsafe fn sdot(acc: int32x4_t, w: int8x16_t, a: int8x16_t) -> int32x4_t {
-    let mut acc = acc;
-    std::arch::asm!(
-        "sdot {d:v}.4s, {w:v}.16b, {a:v}.16b",
-        d = inout(vreg) acc,
-        w = in(vreg) w,
-        a = in(vreg) a,
-        options(pure, nomem, nostack, preserves_flags),
-    );
-    acc
-}
-
-/// What [`sdot`] computes, on plain NEON: products widened to i16, adjacent
-/// pairs added (at most 2 · 63 · 127), then pairs of pairs into `acc`.
-#[inline(always)]
-unsafe fn dot4<const DOT: bool>(acc: int32x4_t, w: int8x16_t, a: int8x16_t) -> int32x4_t {
-    if DOT {
-        sdot(acc, w, a)
-    } else {
-        let lo = vmull_s8(vget_low_s8(w), vget_low_s8(a));
-        let hi = vmull_high_s8(w, a);
-        vpadalq_s16(acc, vpaddq_s16(lo, hi))
     }
 }
 

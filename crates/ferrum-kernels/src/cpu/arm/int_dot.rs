@@ -1,0 +1,39 @@
+//! Integer vector steps shared by the AArch64 quantized kernels
+//! (`kquant_lanes`, `interleaved`).
+
+use std::arch::aarch64::*;
+
+/// `SDOT`: per i32 lane, `acc` plus the four products of its bytes.
+/// Inline assembly: the intrinsic is not stable in Rust.
+#[target_feature(enable = "neon,dotprod")]
+#[inline]
+pub(crate) unsafe fn sdot(acc: int32x4_t, w: int8x16_t, a: int8x16_t) -> int32x4_t {
+    let mut acc = acc;
+    std::arch::asm!(
+        "sdot {d:v}.4s, {w:v}.16b, {a:v}.16b",
+        d = inout(vreg) acc,
+        w = in(vreg) w,
+        a = in(vreg) a,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    acc
+}
+
+/// What [`sdot`] computes, on plain NEON without `DOT`: products widened to
+/// i16, adjacent pairs added (at most 2 · 63 · 127 for the kernels' 6-bit
+/// weights), then pairs of pairs into `acc`. Either way the sums are exact,
+/// so both give the same bits.
+#[inline(always)]
+pub(crate) unsafe fn dot4<const DOT: bool>(
+    acc: int32x4_t,
+    w: int8x16_t,
+    a: int8x16_t,
+) -> int32x4_t {
+    if DOT {
+        sdot(acc, w, a)
+    } else {
+        let lo = vmull_s8(vget_low_s8(w), vget_low_s8(a));
+        let hi = vmull_high_s8(w, a);
+        vpadalq_s16(acc, vpaddq_s16(lo, hi))
+    }
+}
