@@ -42,8 +42,8 @@ fn bench_gemm(c: &mut Criterion) {
     group.finish();
 }
 
-/// Random blocks of `t` with small finite f16 scales (offset 0, and 208 for
-/// Q6_K; the second scale of the offset types at 2 is random but finite
+/// Random blocks of `t` with small finite f16 scales (offset 0, 108 for
+/// Q3_K and 208 for Q6_K; the second scale of the offset types at 2 is random but finite
 /// often enough not to matter for timing).
 fn random_blocks(rng: &mut StdRng, t: GgufQuantType, rows: usize, k: usize) -> Vec<u8> {
     let ty = t.ggml();
@@ -51,7 +51,11 @@ fn random_blocks(rng: &mut StdRng, t: GgufQuantType, rows: usize, k: usize) -> V
     let mut bytes: Vec<u8> = (0..rows * k / ty.block_size() * bb)
         .map(|_| rng.random())
         .collect();
-    let at = if t == GgufQuantType::Q6K { 208 } else { 0 };
+    let at = match t {
+        GgufQuantType::Q6K => 208,
+        GgufQuantType::Q3K => 108,
+        _ => 0,
+    };
     for b in bytes.chunks_mut(bb) {
         b[at..at + 2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
     }
@@ -79,6 +83,7 @@ fn bench_gemm_quant(c: &mut Criterion) {
         (Q4_1, 4864, 896, true),
         (Q5_0, 4864, 896, false),
         (Q8_0, 4864, 896, false),
+        (Q3K, 896, 4864, true),
         (Q4K, 896, 4864, false),
         (Q4K, 896, 4864, true),
         (Q5K, 896, 4864, true),

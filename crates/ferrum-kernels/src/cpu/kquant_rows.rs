@@ -1,4 +1,4 @@
-//! K-quant blocks (Q4_K, Q5_K, Q6_K) re-laid out at load eight weight rows
+//! K-quant blocks (Q3_K, Q4_K, Q5_K, Q6_K) re-laid out at load eight weight rows
 //! at a time, for x86 integer kernels whose vector lanes are those rows
 //! (ggml's `block_q4_Kx8` idea, in a layout of our own).
 //!
@@ -33,6 +33,13 @@
 //!   second: bits `2u, 2u + 1` of byte `4r + p` are those of value
 //!   `32j + 16h + 4u + p`. Values stay unsigned (`q + 32`; the offset
 //!   comes off through activation sums). Exactly eight file blocks.
+//! - Q3_K: Q6_K's header (its scales unpacked from six bits); then the
+//!   spans, each two vectors of 2-bit fields, the half `h`'s second
+//!   (bits `2u, 2u + 1` of byte `4r + p` hold the low bits of value
+//!   `32j + 16h + 4u + p`), and a plane of third bits (bit `4h + u` of
+//!   byte `4r + p`, as Q5_K's). Values stay unsigned (`q + 4`, the offset
+//!   off through the activation sums as Q6_K's). 912 bytes for eight file
+//!   blocks of 880 (+3.6%).
 //!
 //! A span's bytes are contiguous, so a group block is read strictly in
 //! order: with Q6_K's top bits in a plane of their own after the nibbles,
@@ -55,7 +62,7 @@ use rayon::prelude::*;
 
 use super::act_quant::ActRows;
 use super::SyncPtr;
-use crate::quant::{file_quants, scale_min_k4};
+use crate::quant::{file_quants, q3_k_scales, scale_min_k4};
 
 /// Weight rows per group: the i32 lanes of a 256-bit vector.
 pub(crate) const ROWS: usize = 8;
@@ -85,14 +92,21 @@ pub(crate) const ACT_GROUP: usize = 32;
 /// Whether weights of type `ty` are laid out here (and computed by this
 /// module's kernels) on this CPU.
 pub(crate) fn supports(ty: GgmlType) -> bool {
-    cfg!(target_arch = "x86_64")
-        && super::features::has_avx2()
-        && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+    cfg!(target_arch = "x86_64") && super::features::has_avx2() && kquant(ty)
+}
+
+/// The types this layout holds.
+fn kquant(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
+    )
 }
 
 /// Bytes of one group block of `ty`.
 pub(crate) fn group_bytes(ty: GgmlType) -> usize {
     match ty {
+        GgmlType::Q3_K => 912,
         GgmlType::Q4_K => 1184,
         GgmlType::Q5_K => 1440,
         _ => 1680,
@@ -100,9 +114,11 @@ pub(crate) fn group_bytes(ty: GgmlType) -> usize {
 }
 
 /// Where span `j` of a group block starts: after the header, spans of
-/// four nibble vectors plus Q5_K's plane or Q6_K's two top-bit vectors.
+/// four nibble vectors plus Q5_K's plane or Q6_K's two top-bit vectors,
+/// or Q3_K's two vectors of 2-bit fields and its plane.
 pub(crate) fn span_at(ty: GgmlType, j: usize) -> usize {
     match ty {
+        GgmlType::Q3_K => 144 + 96 * j,
         GgmlType::Q4_K => 160 + 128 * j,
         GgmlType::Q5_K => 160 + 160 * j,
         _ => 144 + 192 * j,
@@ -124,6 +140,9 @@ fn place(ty: GgmlType, r: usize, v: usize) -> (usize, usize, usize, usize) {
     let (j, t) = (v / 32, v % 32);
     let (half, u, byte) = (t / 16, t % 16 / 4, 4 * r + t % 4);
     let at = span_at(ty, j);
+    if ty == GgmlType::Q3_K {
+        return (at + 32 * half + byte, at + 64 + byte, half, u);
+    }
     let high = match ty {
         GgmlType::Q6_K => at + 128 + 32 * half + byte,
         _ => at + 128 + byte,
@@ -137,6 +156,11 @@ fn put_row(ty: GgmlType, src: &[u8], r: usize, dst: &mut [u8]) {
         dst[2 * r..2 * r + 2].copy_from_slice(&src[208..210]);
         for s in 0..16 {
             dst[16 + 8 * s + r] = src[192 + s];
+        }
+    } else if ty == GgmlType::Q3_K {
+        dst[2 * r..2 * r + 2].copy_from_slice(&src[108..110]);
+        for (s, &sc) in q3_k_scales(src).iter().enumerate() {
+            dst[16 + 8 * s + r] = sc as u8;
         }
     } else {
         dst[2 * r..2 * r + 2].copy_from_slice(&src[..2]);
@@ -158,6 +182,12 @@ fn put_row(ty: GgmlType, src: &[u8], r: usize, dst: &mut [u8]) {
         let (lo, hi) = q.split_at(16);
         for (t, (&a, &b)) in lo.iter().zip(hi).enumerate() {
             let (u, byte) = (t / 4, 4 * r + t % 4);
+            if ty == GgmlType::Q3_K {
+                span[byte] |= (a & 3) << (2 * u);
+                span[32 + byte] |= (b & 3) << (2 * u);
+                span[64 + byte] |= (a >> 2) << u | (b >> 2) << (4 + u);
+                continue;
+            }
             span[32 * u + byte] = (a & 0x0F) | (b & 0x0F) << 4;
             match ty {
                 GgmlType::Q5_K => span[128 + byte] |= (a >> 4) << u | (b >> 4) << (4 + u),
@@ -175,10 +205,7 @@ fn put_row(ty: GgmlType, src: &[u8], r: usize, dst: &mut [u8]) {
 /// the file's layout), as f32 words for a [`super::CpuBuffer`].
 pub(crate) fn repack(bytes: &[u8], ty: GgmlType, n: usize, k: usize) -> Result<Vec<f32>> {
     let bb = ty.block_bytes();
-    if !matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
-        || !k.is_multiple_of(256)
-        || bytes.len() != n * (k / 256) * bb
-    {
+    if !kquant(ty) || !k.is_multiple_of(256) || bytes.len() != n * (k / 256) * bb {
         return Err(FerrumError::invalid(format!(
             "cannot repack {} bytes as {n} x {k} {ty} weights",
             bytes.len()
@@ -212,6 +239,11 @@ pub(crate) fn repack(bytes: &[u8], ty: GgmlType, n: usize, k: usize) -> Result<V
 fn value(ty: GgmlType, b: &[u8], r: usize, v: usize) -> f32 {
     use super::outliers::f16_at;
     let (at, high, half, u) = place(ty, r, v);
+    if ty == GgmlType::Q3_K {
+        let q = (b[at] >> (2 * u)) & 3 | ((b[high] >> (4 * half + u)) & 1) << 2;
+        let sc = f32::from(b[16 + 8 * (v / 16) + r] as i8);
+        return f16_at(b, 2 * r) * sc * (f32::from(q) - 4.0);
+    }
     let mut q = (b[at] >> (4 * half)) & 0x0F;
     match ty {
         GgmlType::Q6_K => {
@@ -253,10 +285,7 @@ fn columns(w: &[u8], ty: GgmlType, k: usize) -> impl super::outliers::Columns + 
             // SAFETY: `supports` (checked by `gemm`) means AVX2/F16C;
             // super-block `at / 256` lies in the group (asserted); `col`
             // holds eight floats.
-            unsafe {
-                let x = x86::values8(ty, gw[at / 256 * gb..].as_ptr(), at % 256);
-                std::arch::x86_64::_mm256_storeu_ps(col.as_mut_ptr(), x);
-            }
+            unsafe { x86::store_values8(ty, gw[at / 256 * gb..].as_ptr(), at % 256, col) }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -279,7 +308,8 @@ fn columns(w: &[u8], ty: GgmlType, k: usize) -> impl super::outliers::Columns + 
 /// - `d`, `s` at `(i·k/32 + t)·R + c`: the scale and `d · Σq`;
 /// - `offsets` at `((i·k/32 + t)·2 + h)·R + c`: −32 times the sum of half
 ///   `h`'s 16 values, the start of a Q6_K half's integer sum (its values'
-///   offset of 32 taken off with no work per weight row).
+///   offset of 32 taken off with no work per weight row); an eighth of it
+///   starts a Q3_K half's (offset 4).
 #[derive(Default)]
 pub(crate) struct Tiles {
     /// `R`, rows per tile.
@@ -563,7 +593,12 @@ mod tests {
     use super::{group_bytes, repack, value, ROWS};
     use crate::quant::{dequantize, random_blocks};
 
-    const TYPES: [GgmlType; 3] = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
+    const TYPES: [GgmlType; 4] = [
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
 
     /// Every value read back from the grouped layout equals the file
     /// block's dequantized value, for a row count that leaves a partial

@@ -656,10 +656,12 @@ impl Backend for CpuBackend {
         dst[offset..offset + data.len()].copy_from_slice(data);
     }
 
-    /// The 32-value block types are interleaved sixteen rows at a time and
-    /// Q4_K/Q5_K/Q6_K's sub-blocks put in vector lanes where the CPU has
-    /// their kernels (`interleaved`, `kquant_lanes`; the same size as the
-    /// file's); other types stay as in the file.
+    /// The 32-value block types are interleaved sixteen rows at a time,
+    /// the k-quants grouped eight rows at a time (x86: Q3_K to Q6_K) or
+    /// their sub-blocks put in vector lanes (Arm: Q4_K to Q6_K), where the
+    /// CPU has their kernels (`interleaved`, `kquant_rows`,
+    /// `kquant_lanes`; within 4% of the file's size); other types stay as
+    /// in the file.
     fn load_gguf(
         bytes: &[u8],
         quant_type: GgufQuantType,

@@ -18,12 +18,23 @@ pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
-/// The unsigned quants of a Q4_K, Q5_K or Q6_K file block (`q` for
-/// Q4_K/Q5_K, `q + 32` for Q6_K), in value order: what the CPU's repacked
-/// layouts are built from.
+/// The unsigned quants of a Q3_K, Q4_K, Q5_K or Q6_K file block (`q` for
+/// Q4_K/Q5_K, `q + 4` for Q3_K, `q + 32` for Q6_K), in value order: what
+/// the CPU's repacked layouts are built from.
 pub(crate) fn file_quants(ty: GgmlType, b: &[u8]) -> [u8; 256] {
     let mut q = [0u8; 256];
     match ty {
+        GgmlType::Q3_K => {
+            // Value v: bits 2j of byte v % 32 of its half's 32 quant
+            // bytes (j = v % 128 / 32), and bit 4·half + j of `hmask`'s
+            // byte v % 32 (set: no −4).
+            let (hmask, qs) = (&b[..32], &b[32..96]);
+            for (v, q) in q.iter_mut().enumerate() {
+                let (half, j, i) = (v / 128, v % 128 / 32, v % 32);
+                let low = (qs[32 * half + i] >> (2 * j)) & 3;
+                *q = low | ((hmask[i] >> (4 * half + j)) & 1) << 2;
+            }
+        }
         GgmlType::Q4_K | GgmlType::Q5_K => {
             let qs = &b[if ty == GgmlType::Q4_K { 16 } else { 48 }..];
             for c in 0..4 {
@@ -81,18 +92,9 @@ pub(super) fn q2_k(b: &[u8], out: &mut [f32]) {
 /// Q3_K: `hmask[32] qs[64] scales[12] d`; 6-bit signed scales (offset 32)
 /// and a high bit per value in `hmask` (cleared bit means subtract 4).
 pub(super) fn q3_k(b: &[u8], out: &mut [f32]) {
-    let (hmask, qs, packed) = (&b[0..32], &b[32..96], &b[96..108]);
+    let (hmask, qs) = (&b[0..32], &b[32..96]);
     let d = f16_at(b, 108);
-    let mut scales = [0i8; 16];
-    for (i, s) in scales.iter_mut().enumerate() {
-        let low = if i < 8 {
-            packed[i] & 0xF
-        } else {
-            packed[i - 8] >> 4
-        };
-        let high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
-        *s = (low | (high << 4)) as i8 - 32;
-    }
+    let scales = q3_k_scales(b);
     let mut is = 0;
     let mut m = 1u8;
     for half in 0..2 {
@@ -113,6 +115,22 @@ pub(super) fn q3_k(b: &[u8], out: &mut [f32]) {
             m <<= 1;
         }
     }
+}
+
+/// The sixteen signed scales of a Q3_K block, one per 16 values: 6 bits
+/// (offset 32), the low four packed two to a byte, the top two four to a
+/// byte.
+pub(crate) fn q3_k_scales(b: &[u8]) -> [i8; 16] {
+    let packed = &b[96..108];
+    std::array::from_fn(|i| {
+        let low = if i < 8 {
+            packed[i] & 0xF
+        } else {
+            packed[i - 8] >> 4
+        };
+        let high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
+        (low | (high << 4)) as i8 - 32
+    })
 }
 
 /// Q4_K: `d dmin scales[12] qs[128]`; eight sub-blocks of 32 with 6-bit

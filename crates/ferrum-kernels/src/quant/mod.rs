@@ -8,7 +8,7 @@
 pub mod act;
 mod kquants;
 
-pub(crate) use kquants::{file_quants, scale_min_k4};
+pub(crate) use kquants::{file_quants, q3_k_scales, scale_min_k4};
 mod legacy;
 mod pack;
 

@@ -24,9 +24,11 @@ const PREFETCH: usize = 2048;
 /// One grouped format (the parent module describes the layout).
 trait Rows {
     const BYTES: usize;
-    /// Q6_K: a signed scale per half, unsigned values offset by 32, no
-    /// minimums.
+    /// Q6_K, Q3_K: a signed scale per half, unsigned values offset by
+    /// [`Rows::OFFSET`], no minimums.
     const SIXTEENS: bool;
+    /// The offset of a `SIXTEENS` type's values: 32 for Q6_K, 4 for Q3_K.
+    const OFFSET: i16 = 32;
     /// Parts whose `PMADDUBSW` results fit one 16-bit sum.
     const RUN: usize;
     /// The four parts (unsigned bytes, lane = row) of half `h` of span `j`
@@ -44,6 +46,43 @@ unsafe fn nibbles(at: *const u8, h: usize) -> [__m256i; 4] {
         *out = _mm256_and_si256(if h == 0 { x } else { _mm256_srli_epi16(x, 4) }, mask);
     }
     out
+}
+
+/// A half's integer sum's start for `SIXTEENS` types, from the tile's
+/// `−32 · Σa` (a multiple of 32): `−OFFSET · Σa`.
+#[inline(always)]
+fn offset_start<F: Rows>(minus32_sum: i32) -> i32 {
+    if F::OFFSET == 32 {
+        minus32_sum
+    } else {
+        minus32_sum / 32 * i32::from(F::OFFSET)
+    }
+}
+
+struct Q3K;
+impl Rows for Q3K {
+    const BYTES: usize = 912;
+    const SIXTEENS: bool = true;
+    const OFFSET: i16 = 4;
+    /// Four `PMADDUBSW` sums of at most 2 · 7 · 127 fit i16.
+    const RUN: usize = 4;
+    #[inline(always)]
+    unsafe fn parts(g: *const u8, j: usize, h: usize) -> [__m256i; 4] {
+        let at = g.add(span_at(GgmlType::Q3_K, j));
+        let fields = _mm256_loadu_si256(at.add(32 * h).cast());
+        let plane = _mm256_loadu_si256(at.add(64).cast());
+        let (low, bit) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
+        // Bits 2u, 2u + 1 to bits 0, 1; the plane's bit 4h + u to bit 2.
+        // A loop, not `array::from_fn`: its closure would not inherit the
+        // caller's target features, and every intrinsic became a call.
+        let mut out = [_mm256_setzero_si256(); 4];
+        for (u, part) in out.iter_mut().enumerate() {
+            let q = _mm256_and_si256(shift16(fields, -2 * u as i32), low);
+            let high = _mm256_and_si256(shift16(plane, 2 - (4 * h + u) as i32), bit);
+            *part = _mm256_or_si256(q, high);
+        }
+        out
+    }
 }
 
 struct Q4K;
@@ -180,7 +219,7 @@ unsafe fn half16<F: Rows, const ISA: u8, const M: usize>(
     for (u, &p) in parts.iter().enumerate() {
         let (mut even, mut odd) = (_mm256_and_si256(p, low), _mm256_srli_epi16(p, 8));
         if F::SIXTEENS {
-            let offset = _mm256_set1_epi16(32);
+            let offset = _mm256_set1_epi16(F::OFFSET);
             (even, odd) = (
                 _mm256_sub_epi16(even, offset),
                 _mm256_sub_epi16(odd, offset),
@@ -259,7 +298,7 @@ unsafe fn half_sums<F: Rows, const ISA: u8, const M: usize>(
         if F::SIXTEENS {
             let o = act.tiles.offsets.as_ptr().add((2 * ts + h) * at.tile + c0);
             for (c, start) in start.iter_mut().enumerate() {
-                *start = _mm256_set1_epi32(*o.add(c));
+                *start = _mm256_set1_epi32(offset_start::<F>(*o.add(c)));
             }
         }
         let a = act.tiles.q.as_ptr().add((ts * at.tile + c0) * 32 + 16 * h);
@@ -387,7 +426,7 @@ unsafe fn half_sums_pair<F: Rows, const M: usize>(
     if F::SIXTEENS {
         let o = act.tiles.offsets.as_ptr().add((2 * ts + h) * at.tile + c0);
         for (c, x) in x.iter_mut().enumerate() {
-            *x = _mm512_set1_epi32(*o.add(c));
+            *x = _mm512_set1_epi32(offset_start::<F>(*o.add(c)));
         }
     }
     let a = act.tiles.q.as_ptr().add((ts * at.tile + c0) * 32 + 16 * h);
@@ -502,9 +541,18 @@ pub(super) unsafe fn values8(ty: GgmlType, g: *const u8, v: usize) -> __m256 {
         let x = _mm256_srl_epi32(x, _mm_cvtsi32_si128((8 * p + s) as i32));
         _mm256_and_si256(x, _mm256_set1_epi32(mask))
     };
-    let mut q = field(32 * u, 4 * half, 0x0F);
     let bytes = |o: usize| _mm_loadl_epi64(g.add(o).cast());
     let d = _mm256_cvtph_ps(_mm_loadu_si128(g.cast()));
+    if ty == GgmlType::Q3_K {
+        let q = _mm256_or_si256(
+            field(32 * half, 2 * u, 3),
+            _mm256_slli_epi32(field(64, 4 * half + u, 1), 2),
+        );
+        let sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes(16 + 8 * (v / 16))));
+        let q = _mm256_sub_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(4.0));
+        return _mm256_mul_ps(_mm256_mul_ps(d, sc), q);
+    }
+    let mut q = field(32 * u, 4 * half, 0x0F);
     if ty == GgmlType::Q6_K {
         q = _mm256_or_si256(q, _mm256_slli_epi32(field(128 + 32 * half, 2 * u, 3), 4));
         let sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes(16 + 8 * (v / 16))));
@@ -519,6 +567,13 @@ pub(super) unsafe fn values8(ty: GgmlType, g: *const u8, v: usize) -> __m256 {
     let dmin = _mm256_cvtph_ps(_mm_loadu_si128(g.add(16).cast()));
     let dq = _mm256_mul_ps(_mm256_mul_ps(d, sc), _mm256_cvtepi32_ps(q));
     _mm256_sub_ps(dq, _mm256_mul_ps(dmin, mn))
+}
+
+/// [`values8`] stored to `out` (at least eight floats).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn store_values8(ty: GgmlType, g: *const u8, v: usize, out: &mut [f32]) {
+    assert!(out.len() >= ROWS);
+    _mm256_storeu_ps(out.as_mut_ptr(), values8(ty, g, v));
 }
 
 /// Adds `outliers` (one activation row's) times the group's values at
@@ -566,6 +621,7 @@ unsafe fn by_type<const ISA: u8>(
         };
     }
     match ty {
+        GgmlType::Q3_K => run!(Q3K),
         GgmlType::Q4_K => run!(Q4K),
         GgmlType::Q5_K => run!(Q5K),
         GgmlType::Q6_K => run!(Q6K),
@@ -626,6 +682,7 @@ pub(super) unsafe fn dot_pair_vnni(
         };
     }
     match ty {
+        GgmlType::Q3_K => run!(Q3K),
         GgmlType::Q4_K => run!(Q4K),
         GgmlType::Q5_K => run!(Q5K),
         GgmlType::Q6_K => run!(Q6K),
