@@ -40,8 +40,8 @@ pub enum QuantKind {
     /// per 32 values, a block's lone outlier (`|x| > 5 · rms`) kept exact
     /// (LLM activations spike in a few channels, and a block scaled to a
     /// spike loses its other values), so a backend with such a kernel for
-    /// `quant_type` may use it where it is faster (the CPU's: Q3_K, Q4_K,
-    /// Q5_K and Q6_K, and Q4_1; twice the multiplies per
+    /// `quant_type` may use it where it is faster (the CPU's: the k-quants
+    /// Q2_K to Q6_K, and Q4_1; twice the multiplies per
     /// instruction). A model sets it per
     /// layer role, where the rounding was measured not to move perplexity;
     /// elsewhere the backend's own activation precision applies. (Not in

@@ -257,7 +257,7 @@ fn every_block_type_matches_dequantized_gemm() {
 fn int8_activations_match_their_reference() {
     use GgufQuantType::*;
     let mut rng = StdRng::seed_from_u64(6);
-    for t in [Q4_0, Q4_1, Q5_0, Q8_0, Q3K, Q4K, Q5K, Q6K] {
+    for t in [Q4_0, Q4_1, Q5_0, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K] {
         let k = 3 * t.ggml().block_size();
         for &(m, n) in &[(1, 17), (3, 5), (5, 16), (8, 33), (9, 130), (70, 19)] {
             let bytes = random_blocks(&mut rng, t, n, k);
@@ -289,7 +289,7 @@ fn int8_activations_match_their_reference() {
 fn rows_do_not_depend_on_their_batch() {
     use GgufQuantType::*;
     let mut rng = StdRng::seed_from_u64(9);
-    for t in [Q4_0, Q4_1, Q5_0, Q8_0, Q3K, Q4K, Q5K, Q6K] {
+    for t in [Q4_0, Q4_1, Q5_0, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K] {
         if integer_activation_group(t).is_none() {
             continue;
         }

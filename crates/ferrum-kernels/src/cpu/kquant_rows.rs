@@ -1,4 +1,4 @@
-//! K-quant blocks (Q3_K, Q4_K, Q5_K, Q6_K) re-laid out at load eight weight rows
+//! K-quant blocks (Q2_K to Q6_K) re-laid out at load eight weight rows
 //! at a time, for x86 integer kernels whose vector lanes are those rows
 //! (ggml's `block_q4_Kx8` idea, in a layout of our own).
 //!
@@ -40,6 +40,10 @@
 //!   byte `4r + p`, as Q5_K's). Values stay unsigned (`q + 4`, the offset
 //!   off through the activation sums as Q6_K's). 912 bytes for eight file
 //!   blocks of 880 (+3.6%).
+//! - Q2_K: bytes 0..16 the rows' f16 `d`, 16..32 their `dmin`, 32..160 the
+//!   file's scale bytes (a 4-bit scale and a 4-bit minimum per 16 values,
+//!   `8s + r`); then the spans, each Q3_K's two vectors of 2-bit fields.
+//!   Exactly eight file blocks.
 //!
 //! A span's bytes are contiguous, so a group block is read strictly in
 //! order: with Q6_K's top bits in a plane of their own after the nibbles,
@@ -99,13 +103,14 @@ pub(crate) fn supports(ty: GgmlType) -> bool {
 fn kquant(ty: GgmlType) -> bool {
     matches!(
         ty,
-        GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
     )
 }
 
 /// Bytes of one group block of `ty`.
 pub(crate) fn group_bytes(ty: GgmlType) -> usize {
     match ty {
+        GgmlType::Q2_K => 672,
         GgmlType::Q3_K => 912,
         GgmlType::Q4_K => 1184,
         GgmlType::Q5_K => 1440,
@@ -115,9 +120,10 @@ pub(crate) fn group_bytes(ty: GgmlType) -> usize {
 
 /// Where span `j` of a group block starts: after the header, spans of
 /// four nibble vectors plus Q5_K's plane or Q6_K's two top-bit vectors,
-/// or Q3_K's two vectors of 2-bit fields and its plane.
+/// or Q3_K's two vectors of 2-bit fields and its plane (Q2_K's: no plane).
 pub(crate) fn span_at(ty: GgmlType, j: usize) -> usize {
     match ty {
+        GgmlType::Q2_K => 160 + 64 * j,
         GgmlType::Q3_K => 144 + 96 * j,
         GgmlType::Q4_K => 160 + 128 * j,
         GgmlType::Q5_K => 160 + 160 * j,
@@ -140,7 +146,7 @@ fn place(ty: GgmlType, r: usize, v: usize) -> (usize, usize, usize, usize) {
     let (j, t) = (v / 32, v % 32);
     let (half, u, byte) = (t / 16, t % 16 / 4, 4 * r + t % 4);
     let at = span_at(ty, j);
-    if ty == GgmlType::Q3_K {
+    if matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K) {
         return (at + 32 * half + byte, at + 64 + byte, half, u);
     }
     let high = match ty {
@@ -162,6 +168,12 @@ fn put_row(ty: GgmlType, src: &[u8], r: usize, dst: &mut [u8]) {
         for (s, &sc) in q3_k_scales(src).iter().enumerate() {
             dst[16 + 8 * s + r] = sc as u8;
         }
+    } else if ty == GgmlType::Q2_K {
+        dst[2 * r..2 * r + 2].copy_from_slice(&src[80..82]);
+        dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&src[82..84]);
+        for (s, &sc) in src[..16].iter().enumerate() {
+            dst[32 + 8 * s + r] = sc;
+        }
     } else {
         dst[2 * r..2 * r + 2].copy_from_slice(&src[..2]);
         dst[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&src[2..4]);
@@ -182,10 +194,12 @@ fn put_row(ty: GgmlType, src: &[u8], r: usize, dst: &mut [u8]) {
         let (lo, hi) = q.split_at(16);
         for (t, (&a, &b)) in lo.iter().zip(hi).enumerate() {
             let (u, byte) = (t / 4, 4 * r + t % 4);
-            if ty == GgmlType::Q3_K {
+            if matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K) {
                 span[byte] |= (a & 3) << (2 * u);
                 span[32 + byte] |= (b & 3) << (2 * u);
-                span[64 + byte] |= (a >> 2) << u | (b >> 2) << (4 + u);
+                if ty == GgmlType::Q3_K {
+                    span[64 + byte] |= (a >> 2) << u | (b >> 2) << (4 + u);
+                }
                 continue;
             }
             span[32 * u + byte] = (a & 0x0F) | (b & 0x0F) << 4;
@@ -239,6 +253,12 @@ pub(crate) fn repack(bytes: &[u8], ty: GgmlType, n: usize, k: usize) -> Result<V
 fn value(ty: GgmlType, b: &[u8], r: usize, v: usize) -> f32 {
     use super::outliers::f16_at;
     let (at, high, half, u) = place(ty, r, v);
+    if ty == GgmlType::Q2_K {
+        let q = f32::from((b[at] >> (2 * u)) & 3);
+        let sm = b[32 + 8 * (v / 16) + r];
+        let (sc, mn) = (f32::from(sm & 0x0F), f32::from(sm >> 4));
+        return f16_at(b, 2 * r) * sc * q - f16_at(b, 16 + 2 * r) * mn;
+    }
     if ty == GgmlType::Q3_K {
         let q = (b[at] >> (2 * u)) & 3 | ((b[high] >> (4 * half + u)) & 1) << 2;
         let sc = f32::from(b[16 + 8 * (v / 16) + r] as i8);
@@ -309,7 +329,7 @@ fn columns(w: &[u8], ty: GgmlType, k: usize) -> impl super::outliers::Columns + 
 /// - `offsets` at `((i·k/32 + t)·2 + h)·R + c`: −32 times the sum of half
 ///   `h`'s 16 values, the start of a Q6_K half's integer sum (its values'
 ///   offset of 32 taken off with no work per weight row); an eighth of it
-///   starts a Q3_K half's (offset 4).
+///   starts a Q3_K half's (offset 4), and Q2_K's minimums take the sum.
 #[derive(Default)]
 pub(crate) struct Tiles {
     /// `R`, rows per tile.
@@ -593,7 +613,8 @@ mod tests {
     use super::{group_bytes, repack, value, ROWS};
     use crate::quant::{dequantize, random_blocks};
 
-    const TYPES: [GgmlType; 4] = [
+    const TYPES: [GgmlType; 5] = [
+        GgmlType::Q2_K,
         GgmlType::Q3_K,
         GgmlType::Q4_K,
         GgmlType::Q5_K,

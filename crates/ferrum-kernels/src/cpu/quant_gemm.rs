@@ -8,7 +8,7 @@
 //! unbatched ones. The 32-value block types are interleaved at load
 //! (`interleaved`), the k-quants grouped by rows (`kquant_rows`, x86) or
 //! their sub-blocks put in vector lanes (`kquant_lanes`, Arm). Other types
-//! (Q2_K; Q3_K on Arm) dequantize: rows through a per-thread
+//! (Q2_K and Q3_K on Arm) dequantize: rows through a per-thread
 //! f32 buffer for decode-sized batches, tiles handed to the blocked f32 GEMM
 //! for larger ones.
 

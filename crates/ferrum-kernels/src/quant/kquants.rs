@@ -18,12 +18,20 @@ pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
-/// The unsigned quants of a Q3_K, Q4_K, Q5_K or Q6_K file block (`q` for
-/// Q4_K/Q5_K, `q + 4` for Q3_K, `q + 32` for Q6_K), in value order: what
-/// the CPU's repacked layouts are built from.
+/// The unsigned quants of a k-quant file block (`q` for Q2_K, Q4_K and
+/// Q5_K, `q + 4` for Q3_K, `q + 32` for Q6_K), in value order: what the
+/// CPU's repacked layouts are built from.
 pub(crate) fn file_quants(ty: GgmlType, b: &[u8]) -> [u8; 256] {
     let mut q = [0u8; 256];
     match ty {
+        GgmlType::Q2_K => {
+            // Value v: bits 2j of byte v % 32 of its half's 32 quant bytes.
+            let qs = &b[16..80];
+            for (v, q) in q.iter_mut().enumerate() {
+                let (half, j, i) = (v / 128, v % 128 / 32, v % 32);
+                *q = (qs[32 * half + i] >> (2 * j)) & 3;
+            }
+        }
         GgmlType::Q3_K => {
             // Value v: bits 2j of byte v % 32 of its half's 32 quant
             // bytes (j = v % 128 / 32), and bit 4·half + j of `hmask`'s

@@ -27,8 +27,12 @@ trait Rows {
     /// Q6_K, Q3_K: a signed scale per half, unsigned values offset by
     /// [`Rows::OFFSET`], no minimums.
     const SIXTEENS: bool;
-    /// The offset of a `SIXTEENS` type's values: 32 for Q6_K, 4 for Q3_K.
+    /// The offset of a `SIXTEENS` type's values: 32 for Q6_K, 4 for Q3_K,
+    /// 0 for Q2_K.
     const OFFSET: i16 = 32;
+    /// Q2_K: `SIXTEENS` with an unsigned 4-bit scale and minimum per half
+    /// (packed in one byte) instead of a signed scale.
+    const MINS16: bool = false;
     /// Parts whose `PMADDUBSW` results fit one 16-bit sum.
     const RUN: usize;
     /// The four parts (unsigned bytes, lane = row) of half `h` of span `j`
@@ -59,6 +63,34 @@ fn offset_start<F: Rows>(minus32_sum: i32) -> i32 {
     }
 }
 
+/// The 2-bit fields of half `h` at `at`, bits `2u, 2u + 1` to part `u`.
+#[inline(always)]
+unsafe fn fields2(at: *const u8, h: usize) -> [__m256i; 4] {
+    let fields = _mm256_loadu_si256(at.add(32 * h).cast());
+    let low = _mm256_set1_epi8(3);
+    // A loop, not `array::from_fn`: its closure would not inherit the
+    // caller's target features, and every intrinsic became a call.
+    let mut out = [_mm256_setzero_si256(); 4];
+    for (u, part) in out.iter_mut().enumerate() {
+        *part = _mm256_and_si256(shift16(fields, -2 * u as i32), low);
+    }
+    out
+}
+
+struct Q2K;
+impl Rows for Q2K {
+    const BYTES: usize = 672;
+    const SIXTEENS: bool = true;
+    const OFFSET: i16 = 0;
+    const MINS16: bool = true;
+    /// Four `PMADDUBSW` sums of at most 2 · 3 · 127 fit i16.
+    const RUN: usize = 4;
+    #[inline(always)]
+    unsafe fn parts(g: *const u8, j: usize, h: usize) -> [__m256i; 4] {
+        fields2(g.add(span_at(GgmlType::Q2_K, j)), h)
+    }
+}
+
 struct Q3K;
 impl Rows for Q3K {
     const BYTES: usize = 912;
@@ -69,17 +101,13 @@ impl Rows for Q3K {
     #[inline(always)]
     unsafe fn parts(g: *const u8, j: usize, h: usize) -> [__m256i; 4] {
         let at = g.add(span_at(GgmlType::Q3_K, j));
-        let fields = _mm256_loadu_si256(at.add(32 * h).cast());
+        let mut out = fields2(at, h);
+        // The plane's bit 4h + u to bit 2.
         let plane = _mm256_loadu_si256(at.add(64).cast());
-        let (low, bit) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
-        // Bits 2u, 2u + 1 to bits 0, 1; the plane's bit 4h + u to bit 2.
-        // A loop, not `array::from_fn`: its closure would not inherit the
-        // caller's target features, and every intrinsic became a call.
-        let mut out = [_mm256_setzero_si256(); 4];
+        let bit = _mm256_set1_epi8(4);
         for (u, part) in out.iter_mut().enumerate() {
-            let q = _mm256_and_si256(shift16(fields, -2 * u as i32), low);
             let high = _mm256_and_si256(shift16(plane, 2 - (4 * h + u) as i32), bit);
-            *part = _mm256_or_si256(q, high);
+            *part = _mm256_or_si256(*part, high);
         }
         out
     }
@@ -218,7 +246,7 @@ unsafe fn half16<F: Rows, const ISA: u8, const M: usize>(
     let low = _mm256_set1_epi16(0x00FF);
     for (u, &p) in parts.iter().enumerate() {
         let (mut even, mut odd) = (_mm256_and_si256(p, low), _mm256_srli_epi16(p, 8));
-        if F::SIXTEENS {
+        if F::SIXTEENS && F::OFFSET != 0 {
             let offset = _mm256_set1_epi16(F::OFFSET);
             (even, odd) = (
                 _mm256_sub_epi16(even, offset),
@@ -295,7 +323,7 @@ unsafe fn half_sums<F: Rows, const ISA: u8, const M: usize>(
     let t = 8 * b + j;
     if act.a8 {
         let (ts, c0) = at.tile_span(t);
-        if F::SIXTEENS {
+        if F::SIXTEENS && F::OFFSET != 0 {
             let o = act.tiles.offsets.as_ptr().add((2 * ts + h) * at.tile + c0);
             for (c, start) in start.iter_mut().enumerate() {
                 *start = _mm256_set1_epi32(offset_start::<F>(*o.add(c)));
@@ -310,6 +338,38 @@ unsafe fn half_sums<F: Rows, const ISA: u8, const M: usize>(
         }
         half16::<F, ISA, M>(&parts, a, start)
     }
+}
+
+/// `d_a · Σq` over half `h` of span `t` for the call's rows (Q2_K's
+/// minimums): the sum from the tile's `−32 · Σq` for 8-bit rows, added up
+/// here for 16-bit ones.
+#[inline(always)]
+unsafe fn half_act_sums<const M: usize>(
+    act: &ActRows,
+    at: Rows8Or16<M>,
+    t: usize,
+    h: usize,
+) -> [f32; M] {
+    let mut out = [0f32; M];
+    if act.a8 {
+        let (ts, c0) = at.tile_span(t);
+        let o = act.tiles.offsets.as_ptr().add((2 * ts + h) * at.tile + c0);
+        let d = act.tiles.d.as_ptr().add(ts * at.tile + c0);
+        for (c, out) in out.iter_mut().enumerate() {
+            *out = (-*o.add(c) / 32) as f32 * *d.add(c);
+        }
+    } else {
+        let ones = _mm256_set1_epi16(1);
+        for (c, out) in out.iter_mut().enumerate() {
+            let a = act.qs.as_ptr().add((at.r0 + c) * at.k + 32 * t + 16 * h);
+            let v = _mm256_madd_epi16(_mm256_loadu_si256(a.cast()), ones);
+            let v = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+            let v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+            let v = _mm_add_epi32(v, _mm_shuffle_epi32::<1>(v));
+            *out = _mm_cvtsi128_si32(v) as f32 * *act.d.as_ptr().add((at.r0 + c) * at.stride + t);
+        }
+    }
+    out
 }
 
 /// The activation scales `d` and `d · Σq` of span `t` for the call's rows.
@@ -365,11 +425,26 @@ unsafe fn group<F: Rows, const ISA: u8, const M: usize>(
             if F::SIXTEENS {
                 for h in 0..2 {
                     let x = half_sums::<F, ISA, M>(gb, (b, j, h), act, at, zero);
-                    let sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes(16 + 16 * j + 8 * h)));
-                    let ds = _mm256_mul_ps(d, sc);
+                    let (sc, mn) = if F::MINS16 {
+                        let sm = _mm256_cvtepu8_epi32(bytes(32 + 16 * j + 8 * h));
+                        let sc = _mm256_and_si256(sm, _mm256_set1_epi32(0x0F));
+                        (sc, _mm256_srli_epi32(sm, 4))
+                    } else {
+                        let sc = _mm256_cvtepi8_epi32(bytes(16 + 16 * j + 8 * h));
+                        (sc, sc)
+                    };
+                    let ds = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
                     for c in 0..M {
                         let w = _mm256_mul_ps(_mm256_cvtepi32_ps(x[c]), ds);
                         acc[c] = _mm256_fmadd_ps(w, da[c], acc[c]);
+                    }
+                    if F::MINS16 {
+                        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(gb.add(16).cast()));
+                        let dm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn));
+                        let sums = half_act_sums(act, at, 8 * b + j, h);
+                        for c in 0..M {
+                            acc[c] = _mm256_fnmadd_ps(dm, _mm256_set1_ps(sums[c]), acc[c]);
+                        }
                     }
                 }
             } else {
@@ -423,7 +498,7 @@ unsafe fn half_sums_pair<F: Rows, const M: usize>(
     let (lo, hi) = (F::parts(g[0], j, h), F::parts(g[1], j, h));
     let parts: [__m512i; 4] = std::array::from_fn(|u| join(lo[u], hi[u]));
     let (ts, c0) = at.tile_span(8 * b + j);
-    if F::SIXTEENS {
+    if F::SIXTEENS && F::OFFSET != 0 {
         let o = act.tiles.offsets.as_ptr().add((2 * ts + h) * at.tile + c0);
         for (c, x) in x.iter_mut().enumerate() {
             *x = _mm512_set1_epi32(offset_start::<F>(*o.add(c)));
@@ -481,11 +556,25 @@ unsafe fn group_pair<F: Rows, const M: usize>(
             if F::SIXTEENS {
                 for h in 0..2 {
                     let x = half_sums_pair::<F, M>(gb, (b, j, h), act, at, zero);
-                    let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes(16 + 16 * j + 8 * h)));
-                    let ds = _mm512_mul_ps(d, sc);
+                    let (sc, mn) = if F::MINS16 {
+                        let sm = _mm512_cvtepu8_epi32(bytes(32 + 16 * j + 8 * h));
+                        let sc = _mm512_and_si512(sm, _mm512_set1_epi32(0x0F));
+                        (sc, _mm512_srli_epi32(sm, 4))
+                    } else {
+                        let sc = _mm512_cvtepi8_epi32(bytes(16 + 16 * j + 8 * h));
+                        (sc, sc)
+                    };
+                    let ds = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
                     for c in 0..M {
                         let w = _mm512_mul_ps(_mm512_cvtepi32_ps(x[c]), ds);
                         acc[c] = _mm512_fmadd_ps(w, da[c], acc[c]);
+                    }
+                    if F::MINS16 {
+                        let dm = _mm512_mul_ps(_mm512_cvtph_ps(halves(16)), _mm512_cvtepi32_ps(mn));
+                        let sums = half_act_sums(act, at, 8 * b + j, h);
+                        for c in 0..M {
+                            acc[c] = _mm512_fnmadd_ps(dm, _mm512_set1_ps(sums[c]), acc[c]);
+                        }
                     }
                 }
             } else {
@@ -543,6 +632,17 @@ pub(super) unsafe fn values8(ty: GgmlType, g: *const u8, v: usize) -> __m256 {
     };
     let bytes = |o: usize| _mm_loadl_epi64(g.add(o).cast());
     let d = _mm256_cvtph_ps(_mm_loadu_si128(g.cast()));
+    if ty == GgmlType::Q2_K {
+        let q = _mm256_cvtepi32_ps(field(32 * half, 2 * u, 3));
+        let sm = _mm256_cvtepu8_epi32(bytes(32 + 8 * (v / 16)));
+        let sc = _mm256_cvtepi32_ps(_mm256_and_si256(sm, _mm256_set1_epi32(0x0F)));
+        let mn = _mm256_cvtepi32_ps(_mm256_srli_epi32(sm, 4));
+        let dmin = _mm256_cvtph_ps(_mm_loadu_si128(g.add(16).cast()));
+        return _mm256_sub_ps(
+            _mm256_mul_ps(_mm256_mul_ps(d, sc), q),
+            _mm256_mul_ps(dmin, mn),
+        );
+    }
     if ty == GgmlType::Q3_K {
         let q = _mm256_or_si256(
             field(32 * half, 2 * u, 3),
@@ -621,6 +721,7 @@ unsafe fn by_type<const ISA: u8>(
         };
     }
     match ty {
+        GgmlType::Q2_K => run!(Q2K),
         GgmlType::Q3_K => run!(Q3K),
         GgmlType::Q4_K => run!(Q4K),
         GgmlType::Q5_K => run!(Q5K),
@@ -682,6 +783,7 @@ pub(super) unsafe fn dot_pair_vnni(
         };
     }
     match ty {
+        GgmlType::Q2_K => run!(Q2K),
         GgmlType::Q3_K => run!(Q3K),
         GgmlType::Q4_K => run!(Q4K),
         GgmlType::Q5_K => run!(Q5K),
