@@ -42,9 +42,9 @@ fn bench_gemm(c: &mut Criterion) {
     group.finish();
 }
 
-/// Random blocks of `t` with small finite f16 scales (offset 0, 108 for
-/// Q3_K and 208 for Q6_K; the second scale of the offset types at 2 is random but finite
-/// often enough not to matter for timing).
+/// Random blocks of `t` with small finite f16 scales (offset 0, 80 for
+/// Q2_K, 108 for Q3_K and 208 for Q6_K; the second scale of the offset
+/// types is random but finite often enough not to matter for timing).
 fn random_blocks(rng: &mut StdRng, t: GgufQuantType, rows: usize, k: usize) -> Vec<u8> {
     let ty = t.ggml();
     let bb = ty.block_bytes();
@@ -54,6 +54,7 @@ fn random_blocks(rng: &mut StdRng, t: GgufQuantType, rows: usize, k: usize) -> V
     let at = match t {
         GgufQuantType::Q6K => 208,
         GgufQuantType::Q3K => 108,
+        GgufQuantType::Q2K => 80,
         _ => 0,
     };
     for b in bytes.chunks_mut(bb) {
@@ -83,6 +84,7 @@ fn bench_gemm_quant(c: &mut Criterion) {
         (Q4_1, 4864, 896, true),
         (Q5_0, 4864, 896, false),
         (Q8_0, 4864, 896, false),
+        (Q2K, 896, 4864, true),
         (Q3K, 896, 4864, true),
         (Q4K, 896, 4864, false),
         (Q4K, 896, 4864, true),
