@@ -74,6 +74,62 @@ const GROUPS_PER_TASK: usize = 1;
 /// Activation rows per kernel call: one accumulator register each.
 const ACT_ROWS: usize = 8;
 
+/// Bytes of one `W_p` of Q8_0, and of the sixteen f16 scales (or minimums).
+const LANE_BYTES: usize = 2 * ROWS;
+
+/// Bytes of one nibble chunk (or one fifth-bit plane): a word per row.
+const CHUNK_BYTES: usize = 4 * ROWS;
+
+/// How a format's constant term is formed (`x = d·q + o`).
+#[derive(PartialEq)]
+enum Offset {
+    /// None (Q8_0's values are signed).
+    No,
+    /// The f16 minimums after the scales.
+    Min,
+    /// `o = d·c`: Q4_0's −8 and Q5_0's −16, cheaper applied once per block
+    /// through the activation sums than subtracted from every value.
+    Scaled(f32),
+}
+
+/// Where a format's parts sit in a group block, for the kernels of every
+/// CPU (each unpacks them its own way).
+trait Layout {
+    const GROUP: usize;
+    const OFFSET: Offset;
+}
+
+/// The 4- and 5-bit formats: nibbles after the scales (and the minimums,
+/// when `MIN`), then the fifth-bit plane when `FIFTH`; without minimums the
+/// offset is −8·d (Q4_0) or −16·d (Q5_0).
+struct Nibbles<const MIN: bool, const FIFTH: bool>;
+impl<const MIN: bool, const FIFTH: bool> Nibbles<MIN, FIFTH> {
+    /// Where the nibbles start.
+    const QS: usize = if MIN { 2 * LANE_BYTES } else { LANE_BYTES };
+    /// Where the fifth-bit plane starts.
+    const QH: usize = Self::QS + 4 * CHUNK_BYTES;
+}
+impl<const MIN: bool, const FIFTH: bool> Layout for Nibbles<MIN, FIFTH> {
+    const GROUP: usize = Self::QH + if FIFTH { CHUNK_BYTES } else { 0 };
+    const OFFSET: Offset = match (MIN, FIFTH) {
+        (true, _) => Offset::Min,
+        (false, false) => Offset::Scaled(-8.0),
+        (false, true) => Offset::Scaled(-16.0),
+    };
+}
+
+type Q40 = Nibbles<false, false>;
+type Q41 = Nibbles<true, false>;
+type Q50 = Nibbles<false, true>;
+type Q51 = Nibbles<true, true>;
+
+/// Q8_0: the scales, then the sixteen `W_p`.
+struct Q80;
+impl Layout for Q80 {
+    const GROUP: usize = LANE_BYTES + 16 * LANE_BYTES;
+    const OFFSET: Offset = Offset::No;
+}
+
 /// Whether weights of type `ty` are interleaved (and computed by this
 /// module's kernels) on this CPU.
 pub(crate) fn supports(ty: GgmlType) -> bool {

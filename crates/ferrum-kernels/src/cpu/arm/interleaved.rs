@@ -28,16 +28,11 @@ use std::arch::aarch64::*;
 
 use ferrum_types::GgmlType;
 
-use super::{ACT_ROWS, ROWS};
+use super::{Layout, Nibbles, Offset, Q40, Q41, Q50, Q51, Q80};
+use super::{ACT_ROWS, CHUNK_BYTES, LANE_BYTES, ROWS};
 use crate::cpu::act_quant::{ActRows, Outlier};
 use crate::cpu::int_dot::dot4;
 use crate::cpu::outliers::f16_at;
-
-/// Bytes of one `W_p` of Q8_0, and of the sixteen f16 scales (or minimums).
-const LANE_BYTES: usize = 2 * ROWS;
-
-/// Bytes of one nibble chunk (or one fifth-bit plane): a word per row.
-const CHUNK_BYTES: usize = 4 * ROWS;
 
 /// Activation rows per 16-bit call: eight i32 accumulators each.
 const ROWS16: usize = 2;
@@ -45,22 +40,8 @@ const ROWS16: usize = 2;
 /// Activation rows per 8-bit call: four i32 accumulators each.
 const ROWS8: usize = 4;
 
-/// How a format's constant term is formed (`x = d·q + o`), as on x86.
-#[derive(PartialEq)]
-enum Offset {
-    /// None (Q8_0's values are signed).
-    No,
-    /// The f16 minimums after the scales.
-    Min,
-    /// `o = d·c`: Q4_0's −8 and Q5_0's −16, applied once per block through
-    /// the activation sums.
-    Scaled(f32),
-}
-
-/// One interleaved block format.
-trait Format {
-    const GROUP: usize;
-    const OFFSET: Offset;
+/// One interleaved block format's unpacking.
+trait Format: Layout {
     /// What chunk `c` (the pairs `W_{4c}..W_{4c+4}`) is unpacked from,
     /// loaded once for its four pairs.
     type Chunk: Copy;
@@ -69,22 +50,7 @@ trait Format {
     unsafe fn pair(chunk: Self::Chunk, c: usize, j: usize) -> [int16x8_t; 4];
 }
 
-/// The 4- and 5-bit formats: nibbles after the scales (and the minimums,
-/// when `MIN`), then the fifth-bit plane when `FIFTH`.
-struct Nibbles<const MIN: bool, const FIFTH: bool>;
-impl<const MIN: bool, const FIFTH: bool> Nibbles<MIN, FIFTH> {
-    /// Where the nibbles start.
-    const QS: usize = if MIN { 2 * LANE_BYTES } else { LANE_BYTES };
-    /// Where the fifth-bit plane starts.
-    const QH: usize = Self::QS + 4 * CHUNK_BYTES;
-}
 impl<const MIN: bool, const FIFTH: bool> Format for Nibbles<MIN, FIFTH> {
-    const GROUP: usize = Self::QH + if FIFTH { CHUNK_BYTES } else { 0 };
-    const OFFSET: Offset = match (MIN, FIFTH) {
-        (true, _) => Offset::Min,
-        (false, false) => Offset::Scaled(-8.0),
-        (false, true) => Offset::Scaled(-16.0),
-    };
     /// The chunk's words and the plane's words, as 16-bit halves.
     type Chunk = ([uint16x8_t; 4], [uint16x8_t; 4]);
     #[inline(always)]
@@ -116,15 +82,7 @@ impl<const MIN: bool, const FIFTH: bool> Format for Nibbles<MIN, FIFTH> {
     }
 }
 
-type Q40 = Nibbles<false, false>;
-type Q41 = Nibbles<true, false>;
-type Q50 = Nibbles<false, true>;
-type Q51 = Nibbles<true, true>;
-
-struct Q80;
 impl Format for Q80 {
-    const GROUP: usize = LANE_BYTES + 16 * LANE_BYTES;
-    const OFFSET: Offset = Offset::No;
     /// Where the chunk's first `W_p` starts.
     type Chunk = *const u8;
     #[inline(always)]

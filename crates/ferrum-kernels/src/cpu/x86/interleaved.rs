@@ -12,27 +12,15 @@ use std::arch::x86_64::*;
 
 use ferrum_types::GgmlType;
 
-use super::{ACT_ROWS, ROWS};
+use super::{Layout, Nibbles, Offset, Q40, Q41, Q50, Q51, Q80};
+use super::{ACT_ROWS, CHUNK_BYTES, LANE_BYTES, ROWS};
 use crate::cpu::act_quant::{ActRows, Outlier};
 use crate::cpu::int_dot::dpbusd512_at;
 use crate::cpu::simd::prefetch_ahead;
 
-/// How a format's constant term is formed (`x = d·q + o`).
-#[derive(PartialEq)]
-enum Offset {
-    /// None (Q8_0's values are signed).
-    No,
-    /// The f16 minimums after the scales.
-    Min,
-    /// `o = d·c`: Q4_0's −8 and Q5_0's −16, cheaper applied once per block
-    /// through the activation sums than subtracted from every value.
-    Scaled(f32),
-}
-
-/// One interleaved block format (see the parent module for the layout).
-trait Format {
-    const GROUP: usize;
-    const OFFSET: Offset;
+/// One interleaved block format's unpacking (see the parent module for
+/// the layout).
+trait Format: Layout {
     /// What chunk `c` (the pairs `W_{4c}..W_{4c+4}`) of rows `8u..8u + 8`
     /// is unpacked from, loaded once for its four pairs.
     type Chunk: Copy;
@@ -56,12 +44,6 @@ trait Format {
         w
     }
 }
-
-/// Bytes of one `W_p` of Q8_0: two per row.
-const LANE_BYTES: usize = 2 * ROWS;
-
-/// Bytes of one nibble chunk (or one fifth-bit plane): a word per row.
-const CHUNK_BYTES: usize = 4 * ROWS;
 
 /// Nibble `j` of each 16-bit lane of `x` (the 32-bit lanes' pair `j`).
 #[inline(always)]
@@ -127,23 +109,7 @@ unsafe fn add_fifth256(w: __m256i, plane: __m256i, p: usize) -> __m256i {
     _mm256_or_si256(w, _mm256_and_si256(bit, _mm256_set1_epi16(16)))
 }
 
-/// The 4- and 5-bit formats: nibbles after the scales (and the minimums,
-/// when `MIN`), then the fifth-bit plane when `FIFTH`; without minimums the
-/// offset is −8·d (Q4_0) or −16·d (Q5_0).
-struct Nibbles<const MIN: bool, const FIFTH: bool>;
-impl<const MIN: bool, const FIFTH: bool> Nibbles<MIN, FIFTH> {
-    /// Where the nibbles start.
-    const QS: usize = if MIN { 2 * LANE_BYTES } else { LANE_BYTES };
-    /// Where the fifth-bit plane starts.
-    const QH: usize = Self::QS + 4 * CHUNK_BYTES;
-}
 impl<const MIN: bool, const FIFTH: bool> Format for Nibbles<MIN, FIFTH> {
-    const GROUP: usize = Self::QH + if FIFTH { CHUNK_BYTES } else { 0 };
-    const OFFSET: Offset = match (MIN, FIFTH) {
-        (true, _) => Offset::Min,
-        (false, false) => Offset::Scaled(-8.0),
-        (false, true) => Offset::Scaled(-16.0),
-    };
     /// The chunk's words and the plane's words of the same rows.
     type Chunk = (__m256i, __m256i);
     #[inline(always)]
@@ -181,15 +147,7 @@ impl<const MIN: bool, const FIFTH: bool> Format for Nibbles<MIN, FIFTH> {
     }
 }
 
-type Q40 = Nibbles<false, false>;
-type Q41 = Nibbles<true, false>;
-type Q50 = Nibbles<false, true>;
-type Q51 = Nibbles<true, true>;
-
-struct Q80;
 impl Format for Q80 {
-    const GROUP: usize = LANE_BYTES + 16 * LANE_BYTES;
-    const OFFSET: Offset = Offset::No;
     /// Where the chunk's first `W_p` of the half starts.
     type Chunk = *const u8;
     #[inline(always)]
