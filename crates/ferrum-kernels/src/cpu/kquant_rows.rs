@@ -1,6 +1,8 @@
 //! K-quant blocks (Q2_K to Q6_K) re-laid out at load eight weight rows
-//! at a time, for x86 integer kernels whose vector lanes are those rows
-//! (ggml's `block_q4_Kx8` idea, in a layout of our own).
+//! at a time, for integer kernels whose vector lanes are those rows
+//! (ggml's `block_q4_Kx8` idea, in a layout of our own): x86's for every
+//! k-quant, Arm's (`arm/kquant_rows.rs`) for Q2_K and Q3_K, which have no
+//! lane layout there.
 //!
 //! Why rows in lanes: the lanes layout (`kquant_lanes`, kept for Arm) puts
 //! one row's sub-blocks in a vector, so every row pays its own header
@@ -96,7 +98,10 @@ pub(crate) const ACT_GROUP: usize = 32;
 /// Whether weights of type `ty` are laid out here (and computed by this
 /// module's kernels) on this CPU.
 pub(crate) fn supports(ty: GgmlType) -> bool {
-    cfg!(target_arch = "x86_64") && super::features::has_avx2() && kquant(ty)
+    let x86 = cfg!(target_arch = "x86_64") && super::features::has_avx2();
+    // Arm: the types without a lane layout (`kquant_lanes` has Q4_K..Q6_K).
+    let arm = super::features::has_neon() && matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K);
+    kquant(ty) && (x86 || arm)
 }
 
 /// The types this layout holds.
@@ -141,7 +146,7 @@ pub(crate) fn weight_bytes(ty: GgmlType, n: usize, k: usize) -> usize {
 /// byte of its nibble, the byte of its high bits (Q5_K, Q6_K), its half
 /// and chunk `u`: the layout's rule per value, which [`put_row`] follows
 /// span by span and the tests read back with.
-#[cfg(test)]
+#[cfg(any(test, target_arch = "aarch64"))]
 fn place(ty: GgmlType, r: usize, v: usize) -> (usize, usize, usize, usize) {
     let (j, t) = (v / 32, v % 32);
     let (half, u, byte) = (t / 16, t % 16 / 4, 4 * r + t % 4);
@@ -248,8 +253,9 @@ pub(crate) fn repack(bytes: &[u8], ty: GgmlType, n: usize, k: usize) -> Result<V
 /// Value `v` (0..256) of row `r` of group block `b`, dequantized with the
 /// products rounded as ggml's dequantization rounds them (how the outliers
 /// of 8-bit activations meet their weights): the scalar reference for the
-/// layout and for the kernels' eight-row dequantization (`x86::values8`).
-#[cfg(test)]
+/// layout and for the kernels' eight-row dequantization (`x86::values8`);
+/// Arm's outliers meet their weights through it.
+#[cfg(any(test, target_arch = "aarch64"))]
 fn value(ty: GgmlType, b: &[u8], r: usize, v: usize) -> f32 {
     use super::outliers::f16_at;
     let (at, high, half, u) = place(ty, r, v);
@@ -308,9 +314,13 @@ fn columns(w: &[u8], ty: GgmlType, k: usize) -> impl super::outliers::Columns + 
             unsafe { x86::store_values8(ty, gw[at / 256 * gb..].as_ptr(), at % 256, col) }
         }
         #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = (gw, ty);
-            unreachable!("supports() is false off x86-64");
+        for (s, &at) in union.iter().enumerate() {
+            let at = at as usize;
+            assert!(at < k);
+            let block = &gw[at / 256 * gb..][..gb];
+            for (r, col) in cols[s * ROWS..][..ROWS].iter_mut().enumerate() {
+                *col = value(ty, block, r, at % 256);
+            }
         }
     }
 }
@@ -510,10 +520,20 @@ fn dot_group(
             x86::dot_group_avx2(ty, gw.as_ptr(), act, r0, m, out)
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: `supports` checked NEON (and `has_dotprod` the `SDOT`
+    // entry's feature); `gemm` asserted the activation extents.
+    unsafe {
+        if super::features::has_dotprod() {
+            arm::dot_group_dotprod(ty, gw.as_ptr(), act, r0, m, out)
+        } else {
+            arm::dot_group_neon(ty, gw.as_ptr(), act, r0, m, out)
+        }
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         let _ = (ty, gw, act, r0, m, out);
-        unreachable!("supports() is false off x86-64");
+        unreachable!("supports() is false off x86-64 and AArch64");
     }
 }
 
@@ -597,14 +617,25 @@ fn group_outliers(ty: GgmlType, gw: &[u8], act: &ActRows, r: usize, res: &mut [f
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (ty, gw, res);
-        unreachable!("supports() is false off x86-64");
+        // `res += x · w`, rounded as x86's vector adds round it.
+        let gb = group_bytes(ty);
+        for o in outliers {
+            let at = o.at as usize;
+            let block = &gw[at / 256 * gb..][..gb];
+            for (r, res) in res.iter_mut().enumerate() {
+                *res += o.x * value(ty, block, r, at % 256);
+            }
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[path = "x86/kquant_rows.rs"]
 mod x86;
+
+#[cfg(target_arch = "aarch64")]
+#[path = "arm/kquant_rows.rs"]
+mod arm;
 
 #[cfg(test)]
 mod tests {
@@ -644,6 +675,101 @@ mod tests {
                 }
             }
             assert!(repack(&bytes[1..], ty, n, k).is_err(), "short input");
+        }
+    }
+
+    /// The kernels of types with a scale per 16 values (Q2_K, Q3_K, Q6_K),
+    /// whichever this CPU runs (x86 or Arm), give exactly the bits of
+    /// their statement, for 8- and 16-bit activations: per half, the exact
+    /// integer `x = Σ (q − offset)·a`, then `acc = fma(float(x)·(d·sc),
+    /// d_a, acc)` and for Q2_K `acc = fma(−(dmin·m), Σa·d_a, acc)`. So x86
+    /// and Arm give the same bits.
+    #[test]
+    fn sixteens_give_the_bits_of_their_statement() {
+        use rand::{rngs::StdRng, Rng, SeedableRng};
+
+        use super::{dot_group, place, quantize, rows_per_call, supports, ACT_ROWS};
+        use crate::cpu::act_quant::ActRows;
+        use crate::cpu::outliers::f16_at;
+        let mut rng = StdRng::seed_from_u64(8);
+        for (seed, ty) in [GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q6_K]
+            .into_iter()
+            .enumerate()
+        {
+            if !supports(ty) {
+                eprintln!("skipped {ty}: no kernel on this CPU");
+                continue;
+            }
+            let k = 512;
+            let bytes = random_blocks(ty, ROWS * k / 256, seed as u64 + 30).unwrap_or_default();
+            let words = repack(&bytes, ty, ROWS, k).unwrap_or_else(|e| panic!("{e}"));
+            let w = crate::packed_bytes(&words);
+            let gb = group_bytes(ty);
+            let a: Vec<f32> = (0..ACT_ROWS * k)
+                .map(|_| rng.random_range(-2.0f32..2.0))
+                .collect();
+            for a8 in [false, true] {
+                let mut act = ActRows::default();
+                quantize(&mut act, &a, ACT_ROWS, k, a8);
+                let m = rows_per_call();
+                let mut got = [[0f32; ROWS]; ACT_ROWS];
+                dot_group(ty, w, &act, 0, m, &mut got);
+                for (c, got) in got[..m].iter().enumerate() {
+                    // Activation value i of row c, in value order (16-bit
+                    // runs of four are stored 0, 2, 1, 3).
+                    let av = |i: usize| {
+                        if a8 {
+                            i32::from(act.q8[c * k + i])
+                        } else {
+                            i32::from(act.qs[c * k + i / 4 * 4 + [0, 2, 1, 3][i % 4]])
+                        }
+                    };
+                    for (r, &got) in got.iter().enumerate() {
+                        let mut acc = 0f32;
+                        for t in 0..k / 32 {
+                            let blk = &w[t / 8 * gb..][..gb];
+                            let da = act.d[c * act.stride + t];
+                            for h in 0..2 {
+                                let (mut x, mut sum) = (0i32, 0i32);
+                                for i in 0..16 {
+                                    let v = 32 * (t % 8) + 16 * h + i;
+                                    let (at, high, half, u) = place(ty, r, v);
+                                    let q = match ty {
+                                        GgmlType::Q2_K => i32::from((blk[at] >> (2 * u)) & 3),
+                                        GgmlType::Q3_K => {
+                                            let lo = (blk[at] >> (2 * u)) & 3;
+                                            let hb = (blk[high] >> (4 * half + u)) & 1;
+                                            i32::from(lo | hb << 2) - 4
+                                        }
+                                        _ => {
+                                            let lo = (blk[at] >> (4 * half)) & 0x0F;
+                                            let hb = (blk[high] >> (2 * u)) & 3;
+                                            i32::from(lo | hb << 4) - 32
+                                        }
+                                    };
+                                    let a = av(32 * t + 16 * h + i);
+                                    (x, sum) = (x + q * a, sum + a);
+                                }
+                                let s = 2 * (t % 8) + h;
+                                let d = f16_at(blk, 2 * r);
+                                let (sc, mn) = if ty == GgmlType::Q2_K {
+                                    let sm = blk[32 + 8 * s + r];
+                                    (f32::from(sm & 0x0F), f32::from(sm >> 4))
+                                } else {
+                                    (f32::from(blk[16 + 8 * s + r] as i8), 0.0)
+                                };
+                                acc = (x as f32 * (d * sc)).mul_add(da, acc);
+                                if ty == GgmlType::Q2_K {
+                                    let dm = f16_at(blk, 16 + 2 * r) * mn;
+                                    acc = (-dm).mul_add(sum as f32 * da, acc);
+                                }
+                            }
+                        }
+                        let what = format!("{ty} 8-bit {a8} act row {c} weight row {r}");
+                        assert_eq!(got.to_bits(), acc.to_bits(), "{what}: {got} vs {acc}");
+                    }
+                }
+            }
         }
     }
 

@@ -657,8 +657,9 @@ impl Backend for CpuBackend {
     }
 
     /// The 32-value block types are interleaved sixteen rows at a time,
-    /// the k-quants grouped eight rows at a time (x86: Q2_K to Q6_K) or
-    /// their sub-blocks put in vector lanes (Arm: Q4_K to Q6_K), where the
+    /// the k-quants grouped eight rows at a time (x86: Q2_K to Q6_K; Arm:
+    /// Q2_K, Q3_K) or their sub-blocks put in vector lanes (Arm: Q4_K to
+    /// Q6_K), where the
     /// CPU has their kernels (`interleaved`, `kquant_rows`,
     /// `kquant_lanes`; within 4% of the file's size); other types stay as
     /// in the file.

@@ -6,9 +6,9 @@
 //! weight row against them in groups of eight activation rows, for any `m`:
 //! the same arithmetic for every row keeps batched results equal to
 //! unbatched ones. The 32-value block types are interleaved at load
-//! (`interleaved`), the k-quants grouped by rows (`kquant_rows`, x86) or
-//! their sub-blocks put in vector lanes (`kquant_lanes`, Arm). Other types
-//! (Q2_K and Q3_K on Arm) dequantize: rows through a per-thread
+//! (`interleaved`), the k-quants grouped by rows (`kquant_rows`; on Arm
+//! Q2_K and Q3_K) or their sub-blocks put in vector lanes (`kquant_lanes`,
+//! Arm's Q4_K to Q6_K). Other types (none on these CPUs) dequantize: rows through a per-thread
 //! f32 buffer for decode-sized batches, tiles handed to the blocked f32 GEMM
 //! for larger ones.
 

@@ -1,5 +1,5 @@
-//! Integer vector steps shared by the AArch64 quantized kernels
-//! (`kquant_lanes`, `interleaved`).
+//! Vector steps shared by the AArch64 quantized kernels (`kquant_lanes`,
+//! `kquant_rows`, `interleaved`).
 
 use std::arch::aarch64::*;
 
@@ -36,4 +36,21 @@ pub(crate) unsafe fn dot4<const DOT: bool>(
         let hi = vmull_high_s8(w, a);
         vpadalq_s16(acc, vpaddq_s16(lo, hi))
     }
+}
+
+/// Eight f16 at `p` as f32, four per vector (`FCVTL`, exact; the f16
+/// vector type is not stable in Rust).
+#[inline(always)]
+pub(crate) unsafe fn f16x8(p: *const u8) -> [float32x4_t; 2] {
+    let h = vld1q_u16(p.cast());
+    let (lo, hi): (float32x4_t, float32x4_t);
+    std::arch::asm!(
+        "fcvtl {lo:v}.4s, {h:v}.4h",
+        "fcvtl2 {hi:v}.4s, {h:v}.8h",
+        h = in(vreg) h,
+        lo = out(vreg) lo,
+        hi = out(vreg) hi,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    [lo, hi]
 }

@@ -31,7 +31,7 @@ use ferrum_types::GgmlType;
 use super::{Layout, Nibbles, Offset, Q40, Q41, Q50, Q51, Q80};
 use super::{ACT_ROWS, CHUNK_BYTES, LANE_BYTES, ROWS};
 use crate::cpu::act_quant::{ActRows, Outlier};
-use crate::cpu::int_dot::dot4;
+use crate::cpu::int_dot::{dot4, f16x8};
 use crate::cpu::outliers::f16_at;
 
 /// Activation rows per 16-bit call: eight i32 accumulators each.
@@ -99,23 +99,6 @@ impl Format for Q80 {
             vmovl_high_s8(x[1]),
         ]
     }
-}
-
-/// Eight f16 at `p` as f32, four per vector (`FCVTL`, exact; the f16
-/// vector type is not stable in Rust).
-#[inline(always)]
-unsafe fn f16x8(p: *const u8) -> [float32x4_t; 2] {
-    let h = vld1q_u16(p.cast());
-    let (lo, hi): (float32x4_t, float32x4_t);
-    std::arch::asm!(
-        "fcvtl {lo:v}.4s, {h:v}.4h",
-        "fcvtl2 {hi:v}.4s, {h:v}.8h",
-        h = in(vreg) h,
-        lo = out(vreg) lo,
-        hi = out(vreg) hi,
-        options(pure, nomem, nostack, preserves_flags),
-    );
-    [lo, hi]
 }
 
 /// The group's sixteen f16 scales at `p` (or minimums), four rows per
