@@ -181,9 +181,8 @@ unsafe fn act_scale(act: &ActRows, r0: usize, c: usize, (t, h): (usize, usize)) 
     } else {
         let da = *act.d.as_ptr().add((r0 + c) * act.stride + t);
         let at = (r0 + c) * act.k + 32 * t + 16 * h;
-        let sum: i32 = (0..16)
-            .map(|i| i32::from(*act.qs.as_ptr().add(at + i)))
-            .sum();
+        let a = act.qs.as_ptr().add(at);
+        let sum = vaddlvq_s16(vld1q_s16(a)) + vaddlvq_s16(vld1q_s16(a.add(8)));
         (da, sum as f32 * da)
     }
 }
