@@ -54,16 +54,13 @@ pub(crate) struct ActRows {
     /// `outlier_count[r]` of `outliers[r · k/32..]`, in value order.
     pub(crate) outliers: Vec<Outlier>,
     pub(crate) outlier_count: Vec<usize>,
-    /// Sums of 16 of the 8-bit values, for the k-quant kernels
-    /// (`super::kquant_lanes::order8` fills them).
-    pub(crate) sums16: Vec<i16>,
     /// The 8-bit values regrouped for the grouped k-quant kernels
     /// (`super::kquant_rows::quantize` fills them; `kquant_rows::Tiles`
     /// describes the layout).
     pub(crate) tiles: super::kquant_rows::Tiles,
     /// The distinct outlier positions of all rows, ascending, and each
     /// outlier's index in it (parallel to `outliers`), for the k-quant
-    /// kernels' outlier pass (`order8` fills them).
+    /// kernels' outlier pass (`super::outliers::index` fills them).
     pub(crate) outlier_union: Vec<u32>,
     pub(crate) outlier_slot: Vec<u32>,
     pub(crate) k: usize,
@@ -104,7 +101,7 @@ impl ActRows {
 impl ActRows {
     /// Re-fills `self` with `a` (`[m, k]`, `k` a multiple of 32) as 8-bit
     /// values for the Q4_1 kernel of [`super::interleaved`] and the k-quant
-    /// kernels of [`super::kquant_lanes`]. Per 32 values:
+    /// kernels of [`super::kquant_rows`]. Per 32 values:
     /// the largest is set aside as an [`Outlier`] (its `q` is 0) if its
     /// square exceeds [`OUTLIER_SHARE`] of the block's sum of squares; of
     /// the others, `d = max|x| / 127` (in `d`), `q = round_half_even(x / d)`
@@ -116,7 +113,7 @@ impl ActRows {
     ///
     /// The reordered layout is for the interleaved Q4_1 kernels (the caller
     /// checks [`super::interleaved::takes_act8`]); the natural one serves
-    /// [`super::kquant_lanes`]. Off x86, `quantize8_group` quantizes and
+    /// [`super::kquant_rows`]. Off x86, `quantize8_group` quantizes and
     /// the order is applied afterwards.
     pub(crate) fn quantize8(&mut self, a: &[f32], m: usize, k: usize, natural: bool) {
         debug_assert!(k.is_multiple_of(32) && a.len() >= m * k);

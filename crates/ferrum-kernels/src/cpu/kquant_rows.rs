@@ -1,11 +1,10 @@
 //! K-quant blocks (Q2_K to Q6_K) re-laid out at load eight weight rows
 //! at a time, for integer kernels whose vector lanes are those rows
-//! (ggml's `block_q4_Kx8` idea, in a layout of our own): x86's for every
-//! k-quant, Arm's (`arm/kquant_rows.rs`) for Q2_K and Q3_K, which have no
-//! lane layout there.
+//! (ggml's `block_q4_Kx8` idea, in a layout of our own), on x86 (AVX2 and
+//! up, `x86/kquant_rows.rs`) and AArch64 (NEON, `arm/kquant_rows.rs`).
 //!
-//! Why rows in lanes: the lanes layout (`kquant_lanes`, kept for Arm) puts
-//! one row's sub-blocks in a vector, so every row pays its own header
+//! Why rows in lanes: a layout with one row's sub-blocks in a vector (this
+//! crate's before, retired) makes every row pay its own header
 //! decode, scaling, float finish and horizontal sum. At one activation row
 //! (decode) that overhead was most of the work: Qwen2.5-Coder-1.5B decoded
 //! at half llama.cpp's speed per core on a Zen 4. Here a `VPDPBUSD` (or
@@ -99,9 +98,7 @@ pub(crate) const ACT_GROUP: usize = 32;
 /// module's kernels) on this CPU.
 pub(crate) fn supports(ty: GgmlType) -> bool {
     let x86 = cfg!(target_arch = "x86_64") && super::features::has_avx2();
-    // Arm: the types without a lane layout (`kquant_lanes` has Q4_K..Q6_K).
-    let arm = super::features::has_neon() && matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K);
-    kquant(ty) && (x86 || arm)
+    kquant(ty) && (x86 || super::features::has_neon())
 }
 
 /// The types this layout holds.
@@ -521,10 +518,13 @@ fn dot_group(
         }
     }
     #[cfg(target_arch = "aarch64")]
-    // SAFETY: `supports` checked NEON (and `has_dotprod` the `SDOT`
-    // entry's feature); `gemm` asserted the activation extents.
+    // SAFETY: `supports` checked NEON (and `has_dotprod`, `has_i8mm` the
+    // `SDOT` and `SMMLA` entries' features); `gemm` asserted the
+    // activation extents.
     unsafe {
-        if super::features::has_dotprod() {
+        if super::features::has_i8mm() && super::features::has_dotprod() {
+            arm::dot_group_i8mm(ty, gw.as_ptr(), act, r0, m, out)
+        } else if super::features::has_dotprod() {
             arm::dot_group_dotprod(ty, gw.as_ptr(), act, r0, m, out)
         } else {
             arm::dot_group_neon(ty, gw.as_ptr(), act, r0, m, out)
@@ -678,24 +678,22 @@ mod tests {
         }
     }
 
-    /// The kernels of types with a scale per 16 values (Q2_K, Q3_K, Q6_K),
-    /// whichever this CPU runs (x86 or Arm), give exactly the bits of
-    /// their statement, for 8- and 16-bit activations: per half, the exact
-    /// integer `x = Σ (q − offset)·a`, then `acc = fma(float(x)·(d·sc),
-    /// d_a, acc)` and for Q2_K `acc = fma(−(dmin·m), Σa·d_a, acc)`. So x86
-    /// and Arm give the same bits.
+    /// The kernels, whichever this CPU runs (x86 or Arm), give exactly the
+    /// bits of their statement for every type and both activation widths.
+    /// Types with a scale per 16 values (Q2_K, Q3_K, Q6_K), per half: the
+    /// exact integer `x = Σ (q − offset)·a`, then `acc = fma(float(x)·(d·sc),
+    /// d_a, acc)` and for Q2_K `acc = fma(−(dmin·m), Σa·d_a, acc)`. Q4_K and
+    /// Q5_K, per span: `acc = fma(float(x), (d·sc)·d_a, acc)`, then `acc =
+    /// fma(−(dmin·m), d_a·Σa, acc)`. So x86 and Arm give the same bits.
     #[test]
-    fn sixteens_give_the_bits_of_their_statement() {
+    fn kernels_give_the_bits_of_their_statement() {
         use rand::{rngs::StdRng, Rng, SeedableRng};
 
         use super::{dot_group, place, quantize, rows_per_call, supports, ACT_ROWS};
         use crate::cpu::act_quant::ActRows;
         use crate::cpu::outliers::f16_at;
         let mut rng = StdRng::seed_from_u64(8);
-        for (seed, ty) in [GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q6_K]
-            .into_iter()
-            .enumerate()
-        {
+        for (seed, ty) in TYPES.into_iter().enumerate() {
             if !supports(ty) {
                 eprintln!("skipped {ty}: no kernel on this CPU");
                 continue;
@@ -708,12 +706,41 @@ mod tests {
             let a: Vec<f32> = (0..ACT_ROWS * k)
                 .map(|_| rng.random_range(-2.0f32..2.0))
                 .collect();
+            // The weight's integer value `v` of row `r` in block `blk`, its
+            // offset taken off.
+            let q = |blk: &[u8], r: usize, v: usize| {
+                let (at, high, half, u) = place(ty, r, v);
+                let nib = (blk[at] >> (4 * half)) & 0x0F;
+                // Q3_K's third bit, Q5_K's fifth (Q4_K has no plane).
+                let hb5 = || (blk[high] >> (4 * half + u)) & 1;
+                match ty {
+                    GgmlType::Q2_K => i32::from((blk[at] >> (2 * u)) & 3),
+                    GgmlType::Q3_K => {
+                        let lo = (blk[at] >> (2 * u)) & 3;
+                        i32::from(lo | hb5() << 2) - 4
+                    }
+                    GgmlType::Q4_K => i32::from(nib),
+                    GgmlType::Q5_K => i32::from(nib | hb5() << 4),
+                    _ => i32::from(nib | ((blk[high] >> (2 * u)) & 3) << 4) - 32,
+                }
+            };
             for a8 in [false, true] {
                 let mut act = ActRows::default();
                 quantize(&mut act, &a, ACT_ROWS, k, a8);
-                let m = rows_per_call();
+                // Every row count a call takes (Arm's `SMMLA` pairs rows,
+                // an odd last one with itself), the last call's rows
+                // checked: each row's bits do not depend on the count.
                 let mut got = [[0f32; ROWS]; ACT_ROWS];
-                dot_group(ty, w, &act, 0, m, &mut got);
+                for m in 1..=rows_per_call() {
+                    dot_group(ty, w, &act, 0, m, &mut got);
+                    let want = got[..m].to_vec();
+                    let mut alone = [[0f32; ROWS]; ACT_ROWS];
+                    for (c, want) in want.iter().enumerate() {
+                        dot_group(ty, w, &act, c, 1, &mut alone);
+                        assert_eq!(alone[0], *want, "{ty} 8-bit {a8} row {c} of {m}");
+                    }
+                }
+                let m = rows_per_call();
                 for (c, got) in got[..m].iter().enumerate() {
                     // Activation value i of row c, in value order (16-bit
                     // runs of four are stored 0, 2, 1, 3).
@@ -728,30 +755,30 @@ mod tests {
                         let mut acc = 0f32;
                         for t in 0..k / 32 {
                             let blk = &w[t / 8 * gb..][..gb];
-                            let da = act.d[c * act.stride + t];
-                            for h in 0..2 {
+                            let (da, sa) = (act.d[c * act.stride + t], act.s[c * act.stride + t]);
+                            let d = f16_at(blk, 2 * r);
+                            let x = |h: usize| {
                                 let (mut x, mut sum) = (0i32, 0i32);
                                 for i in 0..16 {
-                                    let v = 32 * (t % 8) + 16 * h + i;
-                                    let (at, high, half, u) = place(ty, r, v);
-                                    let q = match ty {
-                                        GgmlType::Q2_K => i32::from((blk[at] >> (2 * u)) & 3),
-                                        GgmlType::Q3_K => {
-                                            let lo = (blk[at] >> (2 * u)) & 3;
-                                            let hb = (blk[high] >> (4 * half + u)) & 1;
-                                            i32::from(lo | hb << 2) - 4
-                                        }
-                                        _ => {
-                                            let lo = (blk[at] >> (4 * half)) & 0x0F;
-                                            let hb = (blk[high] >> (2 * u)) & 3;
-                                            i32::from(lo | hb << 4) - 32
-                                        }
-                                    };
                                     let a = av(32 * t + 16 * h + i);
-                                    (x, sum) = (x + q * a, sum + a);
+                                    let v = 32 * (t % 8) + 16 * h + i;
+                                    (x, sum) = (x + q(blk, r, v) * a, sum + a);
                                 }
+                                (x, sum)
+                            };
+                            if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) {
+                                let x = x(0).0 + x(1).0;
+                                let j = t % 8;
+                                let (sc, mn) = (blk[32 + 8 * j + r], blk[96 + 8 * j + r]);
+                                let ws = d * f32::from(sc);
+                                let dm = f16_at(blk, 16 + 2 * r) * f32::from(mn);
+                                acc = (x as f32).mul_add(ws * da, acc);
+                                acc = (-dm).mul_add(sa, acc);
+                                continue;
+                            }
+                            for h in 0..2 {
+                                let (x, sum) = x(h);
                                 let s = 2 * (t % 8) + h;
-                                let d = f16_at(blk, 2 * r);
                                 let (sc, mn) = if ty == GgmlType::Q2_K {
                                     let sm = blk[32 + 8 * s + r];
                                     (f32::from(sm & 0x0F), f32::from(sm >> 4))

@@ -9,7 +9,7 @@
 
 use rayon::prelude::*;
 
-use super::{simd, SyncPtr};
+use super::SyncPtr;
 
 #[cfg(target_arch = "x86_64")]
 #[path = "x86/matmul.rs"]
@@ -96,8 +96,38 @@ pub(crate) fn multi_dot(a: &[f32], w: &[f32], k: usize, dots: &mut [f32]) {
         return;
     }
     for (r, d) in dots.iter_mut().enumerate() {
-        *d = simd::dot(&a[r * k..(r + 1) * k], w);
+        *d = dot_row(&a[r * k..(r + 1) * k], &w[..k]);
     }
+}
+
+/// One row of [`multi_dot`] in `x86::dots_avx2`'s float steps, so that
+/// other CPUs give its bits: two eight-lane chains over alternate runs of
+/// eight, one more run into the first, the chains added, the lanes summed
+/// in order, then the tail.
+fn dot_row(a: &[f32], w: &[f32]) -> f32 {
+    let k = a.len();
+    let mut acc = [[0f32; 8]; 2];
+    let mut c = 0;
+    let run = |acc: &mut [f32; 8], c: usize| {
+        for (l, acc) in acc.iter_mut().enumerate() {
+            *acc = a[c + l].mul_add(w[c + l], *acc);
+        }
+    };
+    while c + 16 <= k {
+        run(&mut acc[0], c);
+        run(&mut acc[1], c + 8);
+        c += 16;
+    }
+    if c + 8 <= k {
+        run(&mut acc[0], c);
+        c += 8;
+    }
+    let lanes: [f32; 8] = std::array::from_fn(|l| acc[0][l] + acc[1][l]);
+    let mut s: f32 = lanes.iter().sum();
+    for (&a, &w) in a[c..].iter().zip(&w[c..]) {
+        s = a.mul_add(w, s);
+    }
+    s
 }
 
 /// `out[i, j] = a[i, :] · b[j, :]` through the `gemm` crate, writing row `i`
@@ -147,5 +177,29 @@ pub(crate) unsafe fn blocked(
             false,
             par,
         );
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+
+    /// The portable row dot gives the AVX2 kernel's bits (so other CPUs
+    /// stream f32 weights to x86's results), for lengths with and without
+    /// tails.
+    #[test]
+    fn portable_rows_give_the_avx2_bits() {
+        if !super::super::features::has_avx2() {
+            eprintln!("skipped: no AVX2");
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(11);
+        for k in [1usize, 7, 8, 15, 16, 24, 33, 100, 896] {
+            let a: Vec<f32> = (0..k).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+            let w: Vec<f32> = (0..k).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+            // SAFETY: AVX2 checked; one row of k values each.
+            let want = unsafe { super::x86::dots_avx2::<1>(&a, &w, k) }[0];
+            assert_eq!(super::dot_row(&a, &w).to_bits(), want.to_bits(), "k={k}");
+        }
     }
 }

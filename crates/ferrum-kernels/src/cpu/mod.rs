@@ -4,7 +4,7 @@
 /// Runs `$e` with the const `$M` equal to the activation row count `$m`
 /// (1..=8), so each count gets its own compiled kernel whose loops unroll
 /// and whose accumulators stay in registers.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(target_arch = "x86_64")]
 macro_rules! by_m {
     ($m:expr, $M:ident => $e:expr) => {{
         match $m {
@@ -32,7 +32,6 @@ mod int_dot;
 #[path = "arm/int_dot.rs"]
 mod int_dot;
 mod interleaved;
-mod kquant_lanes;
 mod kquant_rows;
 mod layout;
 mod matmul;
@@ -117,9 +116,7 @@ pub fn simd_level() -> &'static str {
 /// honours `QuantKind::Gguf::int8_activations` on this CPU: 8-bit values
 /// per 32, with the scale `max|x| / 127`, rounded half to even.
 pub fn takes_int8_activations(ty: crate::GgufQuantType) -> bool {
-    interleaved::takes_act8(ty.ggml())
-        || kquant_rows::supports(ty.ggml())
-        || kquant_lanes::supports(ty.ggml())
+    interleaved::takes_act8(ty.ggml()) || kquant_rows::supports(ty.ggml())
 }
 
 /// The activation group size when `gemm_quant` with `ty` weights (loaded
@@ -127,11 +124,7 @@ pub fn takes_int8_activations(ty: crate::GgufQuantType) -> bool {
 /// ([`crate::quant::act`]) and uses integer dot products on this CPU;
 /// `None` where it computes in f32.
 pub fn integer_activation_group(ty: crate::GgufQuantType) -> Option<usize> {
-    if interleaved::supports(ty.ggml()) || kquant_rows::supports(ty.ggml()) {
-        Some(32)
-    } else {
-        kquant_lanes::supports(ty.ggml()).then_some(kquant_lanes::ACT_GROUP)
-    }
+    (interleaved::supports(ty.ggml()) || kquant_rows::supports(ty.ggml())).then_some(32)
 }
 
 /// Worker threads the CPU kernels split work over: the current rayon pool's
@@ -184,8 +177,7 @@ pub enum CpuDtype {
     Blocks(GgmlType),
     /// GGUF blocks of this type re-laid out at load for the CPU kernels
     /// (from `load_gguf`): interleaved rows for the 32-value types
-    /// (`interleaved`), sub-blocks in vector lanes for the k-quants
-    /// (`kquant_lanes`).
+    /// (`interleaved`), eight-row groups for the k-quants (`kquant_rows`).
     Repacked(GgmlType),
 }
 
@@ -657,12 +649,10 @@ impl Backend for CpuBackend {
     }
 
     /// The 32-value block types are interleaved sixteen rows at a time,
-    /// the k-quants grouped eight rows at a time (x86: Q2_K to Q6_K; Arm:
-    /// Q2_K, Q3_K) or their sub-blocks put in vector lanes (Arm: Q4_K to
-    /// Q6_K), where the
-    /// CPU has their kernels (`interleaved`, `kquant_rows`,
-    /// `kquant_lanes`; within 4% of the file's size); other types stay as
-    /// in the file.
+    /// the k-quants (Q2_K to Q6_K) grouped eight rows at a time, where the
+    /// CPU has their kernels (`interleaved`, `kquant_rows`: x86 with AVX2,
+    /// AArch64; within 4% of the file's size); other types stay as in the
+    /// file.
     fn load_gguf(
         bytes: &[u8],
         quant_type: GgufQuantType,
@@ -685,11 +675,6 @@ impl Backend for CpuBackend {
         } else if kquant_rows::supports(ty) {
             CpuBuffer {
                 data: kquant_rows::repack(bytes, ty, n, k)?,
-                dtype: CpuDtype::Repacked(ty),
-            }
-        } else if kquant_lanes::supports(ty) {
-            CpuBuffer {
-                data: kquant_lanes::repack(bytes, ty, n, k)?,
                 dtype: CpuDtype::Repacked(ty),
             }
         } else {

@@ -1,8 +1,8 @@
 //! The exact outliers of 8-bit activations ([`ActRows::quantize8`] leaves
 //! them out of the integer dot products) added back, against weights
-//! dequantized at their positions, for the k-quant kernels of either
-//! layout (`kquant_lanes`, `kquant_rows`): each passes how to dequantize
-//! a few weight rows at the outlier positions (a [`Columns`] filler).
+//! dequantized at their positions, for the k-quant kernels (`kquant_rows`
+//! passes how to dequantize a group's rows at the outlier positions: a
+//! [`Columns`] filler).
 
 use rayon::prelude::*;
 
@@ -21,18 +21,6 @@ pub(crate) const OUTLIER_ROWS: usize = 8;
 pub(crate) trait Columns: Fn(std::ops::Range<usize>, &[u32], &mut [f32]) {}
 impl<F: Fn(std::ops::Range<usize>, &[u32], &mut [f32])> Columns for F {}
 
-/// A [`Columns`] filler from a function of one value: `value(j, at)`.
-pub(crate) fn each_value(value: impl Fn(usize, usize) -> f32) -> impl Columns {
-    move |rows: std::ops::Range<usize>, union: &[u32], cols: &mut [f32]| {
-        let st = stride(rows.len());
-        for (s, &at) in union.iter().enumerate() {
-            for (i, j) in rows.clone().enumerate() {
-                cols[s * st + i] = value(j, at as usize);
-            }
-        }
-    }
-}
-
 /// Floats per outlier position in a [`Columns`] buffer for `rows` weight
 /// rows: whole vectors of [`OUTLIER_ROWS`].
 pub(crate) fn stride(rows: usize) -> usize {
@@ -46,6 +34,7 @@ thread_local! {
 /// The f16 at `b[at..at + 2]`: normal numbers by moving bits (this runs
 /// per outlier per weight row in the outlier passes, where a library call per conversion showed
 /// in profiles), the rest by the `half` crate.
+#[cfg(any(test, target_arch = "aarch64"))]
 #[inline(always)]
 pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
     let h = u16::from_le_bytes([b[at], b[at + 1]]);

@@ -6,11 +6,10 @@
 //! weight row against them in groups of eight activation rows, for any `m`:
 //! the same arithmetic for every row keeps batched results equal to
 //! unbatched ones. The 32-value block types are interleaved at load
-//! (`interleaved`), the k-quants grouped by rows (`kquant_rows`; on Arm
-//! Q2_K and Q3_K) or their sub-blocks put in vector lanes (`kquant_lanes`,
-//! Arm's Q4_K to Q6_K). Other types (none on these CPUs) dequantize: rows through a per-thread
-//! f32 buffer for decode-sized batches, tiles handed to the blocked f32 GEMM
-//! for larger ones.
+//! (`interleaved`), the k-quants grouped by rows (`kquant_rows`). Other
+//! types, and every type on CPUs without these kernels (x86 without AVX2),
+//! dequantize: rows through a per-thread f32 buffer for decode-sized
+//! batches, tiles handed to the blocked f32 GEMM for larger ones.
 
 use std::cell::RefCell;
 
@@ -19,8 +18,8 @@ use rayon::prelude::*;
 
 use super::act_quant::ActRows;
 use super::matmul::{blocked, multi_dot, ROWS_PER_TASK, STREAMING_MAX_M};
-use super::{interleaved, kquant_lanes, kquant_rows, CpuDtype};
-use super::{outliers, SyncPtr};
+use super::SyncPtr;
+use super::{interleaved, kquant_rows, CpuDtype};
 use crate::quant::dequantize;
 
 /// Up to this many groups of `STREAMING_MAX_M` activation rows stream each
@@ -119,66 +118,10 @@ pub(crate) fn gemm_gguf(
             kquant_rows::gemm(act, w, ty, out, m, n);
         });
         Ok(())
-    } else if repacked && kquant_lanes::supports(ty) {
-        with_scratch(&ACT, |act| {
-            if int8_activations {
-                act.quantize8(a, m, k, true);
-                kquant_lanes::order8(act, m);
-            } else {
-                act.quantize(a, m, k, kquant_lanes::ACT_GROUP);
-                kquant_lanes::order16(act, m);
-            }
-            integer(act, w, ty, row_bytes, out, m, n);
-        });
-        Ok(())
     } else if m <= STREAMING_GROUPS * STREAMING_MAX_M {
         streaming(a, w, ty, row_bytes, out, m, n, k)
     } else {
         tiled(a, w, ty, row_bytes, out, m, n, k)
-    }
-}
-
-/// A task's weight rows (a few KB: they stay in L1/L2) against every group
-/// of eight activation rows in turn, one kernel call per group; then, for
-/// 8-bit activations, their exact outliers.
-fn integer(
-    act: &ActRows,
-    w: &[u8],
-    ty: GgmlType,
-    row_bytes: usize,
-    out: &mut [f32],
-    m: usize,
-    n: usize,
-) {
-    let ptr = SyncPtr(out.as_mut_ptr());
-    let tasks = n.div_ceil(ROWS_PER_TASK);
-    let value = outliers::each_value(kquant_lanes::value_at(w, ty, act.k));
-    for block in act.blocks(m) {
-        (0..tasks).into_par_iter().for_each(|t| {
-            let mut dots = [[0f32; STREAMING_MAX_M]; ROWS_PER_TASK];
-            let rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(n);
-            let dots = &mut dots[..rows.len()];
-            let wrows = &w[rows.start * row_bytes..rows.end * row_bytes];
-            for g0 in block.clone().step_by(STREAMING_MAX_M) {
-                let gm = STREAMING_MAX_M.min(block.end - g0);
-                kquant_lanes::dot_rows(ty, wrows, act, g0, gm, dots);
-                for (i, j) in rows.clone().enumerate() {
-                    for (c, &d) in dots[i][..gm].iter().enumerate() {
-                        // SAFETY: g0 + c < m, j < n; only this task writes
-                        // column j.
-                        unsafe { *ptr.get().add((g0 + c) * n + j) = d };
-                    }
-                }
-            }
-            if act.a8 && m <= STREAMING_MAX_M {
-                // SAFETY: `out` is `[m, n]`; only this task writes columns
-                // `rows`.
-                unsafe { outliers::add_row_outliers(act, &value, rows, ptr, m, n) };
-            }
-        });
-    }
-    if act.a8 && m > STREAMING_MAX_M {
-        outliers::add_outliers(act, value, out, m, n);
     }
 }
 

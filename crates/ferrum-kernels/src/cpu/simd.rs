@@ -1,10 +1,13 @@
 //! Vector primitives for the CPU backend: AVX2 + FMA paths picked at run
-//! time, and portable scalar fallbacks with the same numerics.
+//! time, and portable scalar versions that run everywhere else (Arm: the
+//! compiler vectorizes their eight-lane arrays for NEON).
 //!
 //! Every public function here dispatches on [`has_avx2`] (see
-//! `cpu::features`). The scalar
-//! versions use the same polynomial approximations as the vector ones, so a
-//! model gives the same output on every x86-64 machine within rounding.
+//! `cpu::features`). The scalar versions take the AVX2 versions' float
+//! steps in the same order (eight lanes, the same partial sums, the same
+//! reduction tree, fused where AVX2 fuses), so they give the same bits (a
+//! test holds them to it): with the quantized kernels' bits also shared, a
+//! model computes the same logits on x86 and on Arm.
 
 #[cfg(target_arch = "x86_64")]
 use super::features::has_avx2;
@@ -35,7 +38,7 @@ pub(crate) fn prefetch(p: *const u8, len: usize) {
     let _ = (p, len);
 }
 
-/// What the row-gathering kernels ([`dot`], [`dot_many`], [`axpy_many`])
+/// What the row-gathering kernels ([`dot_many`], [`axpy_many`])
 /// read their rows as: f32, or f16 for a half-precision KV pool, widened to
 /// f32 as it is loaded so that all arithmetic stays in f32.
 pub(crate) trait Elem: Copy + Send + Sync + 'static {
@@ -112,13 +115,6 @@ macro_rules! dispatch {
         }
         scalar::$name($($arg),*)
     }};
-}
-
-/// `Σ a[i]·b[i]` over `a.len()` elements (`b` must be at least as long).
-#[inline]
-pub(crate) fn dot<T: Elem>(a: &[f32], b: &[T]) -> f32 {
-    let b = &b[..a.len()];
-    dispatch!(dot(a, b))
 }
 
 /// `Σ x[i]²`.
@@ -272,18 +268,39 @@ mod erf_consts {
 pub(crate) mod scalar {
     use super::{erf_consts, exp_consts as e, Elem};
 
+    /// Eight lanes summed as AVX2's `hsum` adds them:
+    /// `((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))`.
+    #[inline(always)]
+    pub fn hsum8(v: [f32; 8]) -> f32 {
+        let s: [f32; 4] = std::array::from_fn(|l| v[l] + v[l + 4]);
+        (s[0] + s[2]) + (s[1] + s[3])
+    }
+
+    /// Four chains of eight lanes over runs of 32, then one over runs of
+    /// eight, the chains added, [`hsum8`], then the tail: AVX2's order.
     pub fn dot<T: Elem>(a: &[f32], b: &[T]) -> f32 {
-        // Eight partial sums, like the vector path, to keep rounding similar.
-        let mut acc = [0f32; 8];
-        let chunks = a.len() / 8;
-        for c in 0..chunks {
-            for l in 0..8 {
-                acc[l] = a[c * 8 + l].mul_add(b[c * 8 + l].widen(), acc[l]);
+        let n = a.len();
+        let mut acc = [[0f32; 8]; 4];
+        let mut i = 0;
+        while i + 32 <= n {
+            for (w, acc) in acc.iter_mut().enumerate() {
+                for (l, acc) in acc.iter_mut().enumerate() {
+                    let at = i + 8 * w + l;
+                    *acc = a[at].mul_add(b[at].widen(), *acc);
+                }
             }
+            i += 32;
         }
-        let mut s: f32 = acc.iter().sum();
-        for i in chunks * 8..a.len() {
-            s = a[i].mul_add(b[i].widen(), s);
+        while i + 8 <= n {
+            for (l, acc) in acc[0].iter_mut().enumerate() {
+                *acc = a[i + l].mul_add(b[i + l].widen(), *acc);
+            }
+            i += 8;
+        }
+        let v = std::array::from_fn(|l| (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]));
+        let mut s = hsum8(v);
+        for (&a, b) in a[i..].iter().zip(&b[i..]) {
+            s = a.mul_add(b.widen(), s);
         }
         s
     }
@@ -292,9 +309,9 @@ pub(crate) mod scalar {
         dot(x, x)
     }
 
-    /// Eight partial sums, like the vector path (a sum of 384 values near
-    /// 4 in one running total lost a layer norm 1e-6 of relative accuracy).
-    /// Under eight values, the plain running sum.
+    /// Eight lanes over runs of eight, [`hsum8`], plus the tail's running
+    /// sum (a sum of 384 values near 4 in one running total lost a layer
+    /// norm 1e-6 of relative accuracy).
     pub fn sum(x: &[f32]) -> f32 {
         let mut acc = [0f32; 8];
         let chunks = x.chunks_exact(8);
@@ -304,7 +321,7 @@ pub(crate) mod scalar {
                 *a += v;
             }
         }
-        acc.iter().sum::<f32>() + tail.iter().sum::<f32>()
+        hsum8(acc) + tail.iter().sum::<f32>()
     }
 
     pub fn scale_mul(out: &mut [f32], x: &[f32], s: f32, w: &[f32]) {
@@ -319,6 +336,10 @@ pub(crate) mod scalar {
         }
     }
 
+    /// Lengths that are a multiple of eight: one eight-lane chain per
+    /// (query, key) over the whole row, its lanes added pairwise
+    /// `((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7))` (AVX2's `hadd` tree),
+    /// for the keys up to the last multiple of eight; the others [`dot`].
     pub fn dot_many<T: Elem>(
         qs: &[&[f32]],
         x: &[T],
@@ -327,9 +348,27 @@ pub(crate) mod scalar {
         out: &mut [f32],
         stride: usize,
     ) {
+        let n = qs.first().map_or(0, |q| q.len());
+        let full = if n.is_multiple_of(8) {
+            rows.len() / 8 * 8
+        } else {
+            0
+        };
         for (i, q) in qs.iter().enumerate() {
             for (j, &r) in rows.iter().enumerate() {
-                out[i * stride + j] = s * dot(q, &x[r..r + q.len()]);
+                let key = &x[r..r + n];
+                out[i * stride + j] = if j < full {
+                    let mut acc = [0f32; 8];
+                    for (q, k) in q.chunks_exact(8).zip(key.chunks_exact(8)) {
+                        for ((acc, &q), k) in acc.iter_mut().zip(q).zip(k) {
+                            *acc = q.mul_add(k.widen(), *acc);
+                        }
+                    }
+                    let a = acc;
+                    (((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) * s
+                } else {
+                    s * dot(q, key)
+                };
             }
         }
     }
@@ -363,7 +402,10 @@ pub(crate) mod scalar {
 
     /// `exp` with the same range reduction and polynomial as the AVX2 path.
     pub fn exp(x: f32) -> f32 {
-        let x = x.clamp(e::LO, e::HI);
+        // `max` then `min`, as AVX2's `maxps` / `minps` (a NaN becomes
+        // `LO` there and here; `clamp` would keep it).
+        #[allow(clippy::manual_clamp)]
+        let x = x.max(e::LO).min(e::HI);
         let n = x.mul_add(e::LOG2E, 0.5).floor();
         let r = n.mul_add(-e::C2, n.mul_add(-e::C1, x));
         let mut y = e::P[0];
@@ -374,7 +416,22 @@ pub(crate) mod scalar {
         y * f32::from_bits((((n as i32) + 127) as u32) << 23)
     }
 
+    /// Eight lanes of sums over runs of eight, [`hsum8`], plus
+    /// [`exp_sub_tail`]'s.
     pub fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
+        let mut acc = [0f32; 8];
+        let mut chunks = x.chunks_exact_mut(8);
+        for c in &mut chunks {
+            for (a, v) in acc.iter_mut().zip(c) {
+                *v = exp(*v - m);
+                *a += *v;
+            }
+        }
+        hsum8(acc) + exp_sub_tail(chunks.into_remainder(), m)
+    }
+
+    /// [`exp_sub_sum`] as one running sum (the vector paths' tails).
+    pub fn exp_sub_tail(x: &mut [f32], m: f32) -> f32 {
         let mut s = 0.0;
         for v in x {
             *v = exp(*v - m);
@@ -385,14 +442,14 @@ pub(crate) mod scalar {
 
     pub fn silu_mul(out: &mut [f32], g: &[f32], u: &[f32]) {
         for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
-            *o = g / (1.0 + exp(-g)) * u;
+            *o = g / (1.0 + exp(0.0 - g)) * u;
         }
     }
 
     /// `0.5·x·(1 + tanh(z))` written as `x · σ(2z)`, which needs one exp.
     pub fn gelu_tanh_mul(out: &mut [f32], g: &[f32], u: &[f32]) {
         for ((o, &x), &u) in out.iter_mut().zip(g).zip(u) {
-            let z = super::SQRT_2_OVER_PI * (x + super::GELU_CUBIC * x * x * x);
+            let z = super::SQRT_2_OVER_PI * super::GELU_CUBIC.mul_add(x * x * x, x);
             *o = x / (1.0 + exp(-2.0 * z)) * u;
         }
     }
@@ -406,8 +463,9 @@ pub(crate) mod scalar {
             .mul_add(t, c[2])
             .mul_add(t, c[1])
             .mul_add(t, c[0]);
-        let r = 1.0 - poly * exp(-a * a);
-        r.copysign(x)
+        let r = (-poly).mul_add(exp(0.0 - a * a), 1.0);
+        // x's sign ORed in, as the vector path does.
+        f32::from_bits(r.to_bits() | (x.to_bits() & 0x8000_0000))
     }
 
     pub fn gelu(out: &mut [f32], x: &[f32]) {
@@ -464,6 +522,96 @@ mod tests {
         check("scalar", false);
         if super::super::features::has_avx2() {
             check("avx2", true);
+        }
+    }
+
+    /// The scalar versions give the AVX2 versions' bits, for every
+    /// function, lengths with and without tails, f32 and f16 rows, and
+    /// inputs reaching exp's clamps: what lets Arm (scalar here) compute
+    /// x86's logits.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn scalar_gives_the_avx2_bits() {
+        if !super::super::features::has_avx2() {
+            eprintln!("skipped: no AVX2");
+            return;
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        for n in [0usize, 1, 7, 8, 15, 16, 31, 32, 33, 40, 64, 100, 257, 1023] {
+            let a = rand_vec(&mut rng, n, 3.0);
+            let b = rand_vec(&mut rng, n, 3.0);
+            let u = rand_vec(&mut rng, n, 2.0);
+            let h: Vec<half::f16> = b.iter().map(|&v| half::f16::from_f32(v)).collect();
+            // SAFETY: AVX2 checked; the slices have equal lengths.
+            unsafe {
+                let what = format!("n={n}");
+                assert_eq!(
+                    scalar::dot(&a, &b).to_bits(),
+                    avx2::dot(&a, &b).to_bits(),
+                    "dot {what}"
+                );
+                assert_eq!(
+                    scalar::dot(&a, &h).to_bits(),
+                    avx2::dot(&a, &h).to_bits(),
+                    "f16 {what}"
+                );
+                assert_eq!(
+                    scalar::sum(&a).to_bits(),
+                    avx2::sum(&a).to_bits(),
+                    "sum {what}"
+                );
+                // Wide inputs: exp's clamps and the sign of zero.
+                let wide: Vec<f32> = a.iter().map(|&x| x * 40.0).collect();
+                let (mut es, mut ev) = (wide.clone(), wide.clone());
+                let (ss, sv) = (
+                    scalar::exp_sub_sum(&mut es, 1.5),
+                    avx2::exp_sub_sum(&mut ev, 1.5),
+                );
+                assert_eq!(
+                    (bits(&es), ss.to_bits()),
+                    (bits(&ev), sv.to_bits()),
+                    "exp {what}"
+                );
+                type Unary = fn(&mut [f32], &[f32]);
+                type Binary = fn(&mut [f32], &[f32], &[f32]);
+                let unary: [(&str, Unary, Unary); 1] =
+                    [("gelu", scalar::gelu, |o, x| avx2::gelu(o, x))];
+                let binary: [(&str, Binary, Binary); 2] = [
+                    ("silu", scalar::silu_mul, |o, g, u| avx2::silu_mul(o, g, u)),
+                    ("gelu_tanh", scalar::gelu_tanh_mul, |o, g, u| {
+                        avx2::gelu_tanh_mul(o, g, u)
+                    }),
+                ];
+                for x in [&a, &wide] {
+                    let (mut os, mut ov) = (vec![0f32; n], vec![0f32; n]);
+                    for (name, f, g) in unary {
+                        f(&mut os, x);
+                        g(&mut ov, x);
+                        assert_eq!(bits(&os), bits(&ov), "{name} {what}");
+                    }
+                    for (name, f, g) in binary {
+                        f(&mut os, x, &u);
+                        g(&mut ov, x, &u);
+                        assert_eq!(bits(&os), bits(&ov), "{name} {what}");
+                    }
+                }
+            }
+        }
+        // Scores of the tile kernel on lengths with and without tails and
+        // key counts past a multiple of eight.
+        for n in [8usize, 12, 64, 136] {
+            let x = rand_vec(&mut rng, 40 * n, 2.0);
+            let rows: Vec<usize> = (0..19).map(|_| rng.random_range(0..=x.len() - n)).collect();
+            let q = rand_vec(&mut rng, 4 * n, 2.0);
+            let qs: Vec<&[f32]> = q.chunks_exact(n).collect();
+            let (p, y0) = (
+                rand_vec(&mut rng, 4 * 19, 1.0),
+                rand_vec(&mut rng, 4 * n, 2.0),
+            );
+            let (d, y) = tile_kernels(false, &qs, &y0, &p, 19, &x, &rows);
+            let (dv, yv) = tile_kernels(true, &qs, &y0, &p, 19, &x, &rows);
+            assert_eq!((bits(&d), bits(&y)), (bits(&dv), bits(&yv)), "tiles n={n}");
         }
     }
 

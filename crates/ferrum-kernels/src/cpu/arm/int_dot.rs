@@ -1,5 +1,5 @@
-//! Vector steps shared by the AArch64 quantized kernels (`kquant_lanes`,
-//! `kquant_rows`, `interleaved`).
+//! Vector steps shared by the AArch64 quantized kernels (`kquant_rows`,
+//! `interleaved`).
 
 use std::arch::aarch64::*;
 
@@ -11,6 +11,23 @@ pub(crate) unsafe fn sdot(acc: int32x4_t, w: int8x16_t, a: int8x16_t) -> int32x4
     let mut acc = acc;
     std::arch::asm!(
         "sdot {d:v}.4s, {w:v}.16b, {a:v}.16b",
+        d = inout(vreg) acc,
+        w = in(vreg) w,
+        a = in(vreg) a,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    acc
+}
+
+/// `SMMLA`: `acc` plus the 2 x 2 products of `w`'s and `a`'s two rows of
+/// eight bytes each: lanes (w0·a0, w0·a1, w1·a0, w1·a1). Inline assembly:
+/// the intrinsic is not stable in Rust.
+#[target_feature(enable = "neon,i8mm")]
+#[inline]
+pub(crate) unsafe fn smmla(acc: int32x4_t, w: int8x16_t, a: int8x16_t) -> int32x4_t {
+    let mut acc = acc;
+    std::arch::asm!(
+        "smmla {d:v}.4s, {w:v}.16b, {a:v}.16b",
         d = inout(vreg) acc,
         w = in(vreg) w,
         a = in(vreg) a,

@@ -1,5 +1,5 @@
-//! Integer vector steps shared by the x86 quantized kernels (`kquant_lanes`,
-//! `kquant_rows`, `interleaved`).
+//! Integer vector steps shared by the x86 quantized kernels (`kquant_rows`,
+//! `interleaved`).
 
 use std::arch::x86_64::*;
 

@@ -57,7 +57,7 @@ pub unsafe fn sum(x: &[f32]) -> f32 {
         acc = _mm256_add_ps(acc, _mm256_loadu_ps(p.add(i)));
         i += 8;
     }
-    hsum(acc) + scalar::sum(&x[i..])
+    hsum(acc) + x[i..].iter().sum::<f32>()
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -337,7 +337,7 @@ pub unsafe fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
         acc = _mm256_add_ps(acc, v);
         i += 8;
     }
-    hsum(acc) + scalar::exp_sub_sum(&mut x[i..], m)
+    hsum(acc) + scalar::exp_sub_tail(&mut x[i..], m)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
