@@ -371,10 +371,13 @@ fn dot_group(
         }
     }
     #[cfg(target_arch = "aarch64")]
-    // SAFETY: `supports` checked NEON (and `has_dotprod` the `SDOT`
-    // kernel's feature); the extents asserted above are what they read.
+    // SAFETY: `supports` checked NEON (and `has_dotprod`, `has_i8mm` the
+    // `SDOT` and `SMMLA` kernels' features); the extents asserted above
+    // are what they read.
     unsafe {
-        if act.a8 && super::features::has_dotprod() {
+        if act.a8 && super::features::has_i8mm() && super::features::has_dotprod() {
+            arm::dot_group_a8_i8mm(gw.as_ptr(), nb, act, r0, m, out)
+        } else if act.a8 && super::features::has_dotprod() {
             arm::dot_group_a8_dotprod(gw.as_ptr(), nb, act, r0, m, out)
         } else {
             arm::dot_group_neon(ty, gw.as_ptr(), nb, act, r0, m, out)

@@ -3,6 +3,14 @@
 
 use std::arch::aarch64::*;
 
+/// Which integer dot products a kernel uses (its `ISA` parameter): plain
+/// NEON (`SMULL` + `SADALP`).
+pub(crate) const NEON: u8 = 0;
+/// `SDOT` (dotprod).
+pub(crate) const DOTPROD: u8 = 1;
+/// `SMMLA` (i8mm) for two or more 8-bit activation rows, `SDOT` for one.
+pub(crate) const I8MM: u8 = 2;
+
 /// `SDOT`: per i32 lane, `acc` plus the four products of its bytes.
 /// Inline assembly: the intrinsic is not stable in Rust.
 #[target_feature(enable = "neon,dotprod")]
@@ -34,6 +42,29 @@ pub(crate) unsafe fn smmla(acc: int32x4_t, w: int8x16_t, a: int8x16_t) -> int32x
         options(pure, nomem, nostack, preserves_flags),
     );
     acc
+}
+
+/// `lo` and `hi` (four rows of four bytes each, a row per i32 lane) as
+/// [`smmla`]'s weight operands: rows 0, 1 and rows 2, 3, each row's `lo`
+/// bytes then its `hi` bytes.
+#[inline(always)]
+pub(crate) unsafe fn row_pairs(lo: int8x16_t, hi: int8x16_t) -> [int8x16_t; 2] {
+    let (lo, hi) = (vreinterpretq_s32_s8(lo), vreinterpretq_s32_s8(hi));
+    [vzip1q_s32(lo, hi), vzip2q_s32(lo, hi)].map(|p| vreinterpretq_s8_s32(p))
+}
+
+/// [`smmla`]'s sums for weight rows (0, 1) in `y01` and (2, 3) in `y23`
+/// against activation rows a, b: each activation row's four weight rows
+/// in lane order, `[a, b]`.
+#[inline(always)]
+pub(crate) unsafe fn unpair(y01: int32x4_t, y23: int32x4_t) -> [int32x4_t; 2] {
+    [vuzp1q_s32(y01, y23), vuzp2q_s32(y01, y23)]
+}
+
+/// Eight bytes at `a` and eight at `b` as [`smmla`]'s activation operand.
+#[inline(always)]
+pub(crate) unsafe fn act_pair(a: *const i8, b: *const i8) -> int8x16_t {
+    vcombine_s8(vld1_s8(a), vld1_s8(b))
 }
 
 /// What [`sdot`] computes, on plain NEON without `DOT`: products widened to

@@ -11,7 +11,9 @@
 //!   nibbles is four bytes in one i32 lane, the activation bytes stored in
 //!   the matching order ([`ActRows::quantize8`]), so one `SDOT` (dotprod)
 //!   adds a lane's four products, as `VPDPBUSD` does on x86; without
-//!   dotprod, `SMULL` + `ADDP` + `SADALP` give the same sums. Four
+//!   dotprod, `SMULL` + `ADDP` + `SADALP` give the same sums; with i8mm
+//!   and several activation rows, `SMMLA` takes two weight rows' eight
+//!   values against two activation rows' ([`mmla_chunk`]). Four
 //!   activation rows per call.
 //!
 //! The integer sums are exact and each block's float steps are x86's, in
@@ -22,7 +24,8 @@
 //! rows (no Arm CPU was at hand to measure): 128 `SMLAL` with 16-bit
 //! activations (four multiplies each) plus about 100 unpacking steps shared
 //! by every activation row of the call; 32 `SDOT` (sixteen multiplies
-//! each) plus 24 for Q4_1 with 8-bit activations.
+//! each) plus 24 for Q4_1 with 8-bit activations, or 16 `SMMLA` (32
+//! multiplies each) plus 32 for two activation rows.
 
 use std::arch::aarch64::*;
 
@@ -31,7 +34,8 @@ use ferrum_types::GgmlType;
 use super::{Layout, Nibbles, Offset, Q40, Q41, Q50, Q51, Q80};
 use super::{ACT_ROWS, CHUNK_BYTES, LANE_BYTES, ROWS};
 use crate::cpu::act_quant::{ActRows, Outlier};
-use crate::cpu::int_dot::{dot4, f16x8};
+use crate::cpu::int_dot::{act_pair, dot4, f16x8, row_pairs, smmla, unpair};
+use crate::cpu::int_dot::{DOTPROD, I8MM, NEON};
 use crate::cpu::outliers::f16_at;
 
 /// Activation rows per 16-bit call: eight i32 accumulators each.
@@ -186,7 +190,7 @@ unsafe fn group16<F: Format, const M: usize>(
 /// Q4_1 against `M` 8-bit activation rows from `r0` ([`ActRows::quantize8`]
 /// in its reordered layout): `out[c][r]`.
 #[inline(always)]
-unsafe fn group8<const DOT: bool, const M: usize>(
+unsafe fn group8<const ISA: u8, const M: usize>(
     g: *const u8,
     nb: usize,
     act: &ActRows,
@@ -205,14 +209,27 @@ unsafe fn group8<const DOT: bool, const M: usize>(
                 std::array::from_fn(|v| vld1q_u8(p.add(F::QS + CHUNK_BYTES * c + 16 * v)));
             let lo = x.map(|x| vreinterpretq_s8_u8(vandq_u8(x, mask)));
             let hi = x.map(|x| vreinterpretq_s8_u8(vshrq_n_u8::<4>(x)));
+            if ISA == I8MM && M > 1 {
+                mmla_chunk(
+                    &lo,
+                    &hi,
+                    act.q8.as_ptr().add(32 * b + 8 * c),
+                    (r0, k),
+                    &mut dots,
+                );
+                continue;
+            }
             for (r, dots) in dots.iter_mut().enumerate() {
                 let a = act.q8.as_ptr().add((r0 + r) * k + 32 * b + 8 * c);
                 let alo = vreinterpretq_s8_s32(vdupq_n_s32(a.cast::<i32>().read_unaligned()));
                 let ahi =
                     vreinterpretq_s8_s32(vdupq_n_s32(a.add(4).cast::<i32>().read_unaligned()));
                 for v in 0..4 {
-                    dots[v] = dot4::<DOT>(dots[v], lo[v], alo);
-                    dots[v] = dot4::<DOT>(dots[v], hi[v], ahi);
+                    if ISA >= DOTPROD {
+                        dots[v] = dot4::<true>(dot4::<true>(dots[v], lo[v], alo), hi[v], ahi);
+                    } else {
+                        dots[v] = dot4::<false>(dot4::<false>(dots[v], lo[v], alo), hi[v], ahi);
+                    }
                 }
             }
         }
@@ -223,6 +240,38 @@ unsafe fn group8<const DOT: bool, const M: usize>(
         }
     }
     store(&acc, out);
+}
+
+/// Adds one chunk's products (eight values of sixteen rows: a row's low
+/// nibbles in `lo`, its high ones in `hi`, four rows per vector) for `M ≥
+/// 2` activation rows from `r0` (row `r`'s eight bytes at `a + r·k`) to
+/// `dots` by `SMMLA`: a row's low and high word zipped are its eight
+/// values in the activations' order, so each `SMMLA` multiplies two
+/// weight rows by two activation rows; an odd last row is paired with
+/// itself. 8 `SMMLA` per pair of activation rows where `SDOT` takes 16;
+/// the same integer sums.
+#[inline(always)]
+unsafe fn mmla_chunk<const M: usize>(
+    lo: &[int8x16_t; 4],
+    hi: &[int8x16_t; 4],
+    a: *const i8,
+    (r0, k): (usize, usize),
+    dots: &mut [[int32x4_t; 4]; M],
+) {
+    let w: [[int8x16_t; 2]; 4] = std::array::from_fn(|v| row_pairs(lo[v], hi[v]));
+    for c in (0..M).step_by(2) {
+        let c1 = (c + 1).min(M - 1);
+        let av = act_pair(a.add((r0 + c) * k), a.add((r0 + c1) * k));
+        for (v, [p01, p23]) in w.iter().enumerate() {
+            let y01 = smmla(vdupq_n_s32(0), *p01, av);
+            let y23 = smmla(vdupq_n_s32(0), *p23, av);
+            let [yc, yc1] = unpair(y01, y23);
+            dots[c][v] = vaddq_s32(dots[c][v], yc);
+            if c1 > c {
+                dots[c1][v] = vaddq_s32(dots[c1][v], yc1);
+            }
+        }
+    }
 }
 
 #[inline(always)]
@@ -249,7 +298,7 @@ macro_rules! by_m4 {
 /// `out[c][r]` for the `m ≤ 8` activation rows from `r0`, in runs of
 /// [`ROWS16`] or [`ROWS8`] rows.
 #[inline(always)]
-unsafe fn by_type<const DOT: bool>(
+unsafe fn by_type<const ISA: u8>(
     ty: GgmlType,
     g: *const u8,
     nb: usize,
@@ -268,7 +317,7 @@ unsafe fn by_type<const DOT: bool>(
             };
         }
         match ty {
-            _ if act.a8 => by_m4!(rows, M => group8::<DOT, M>(g, nb, act, r, out)),
+            _ if act.a8 => by_m4!(rows, M => group8::<ISA, M>(g, nb, act, r, out)),
             GgmlType::Q4_0 => group16!(Q40),
             GgmlType::Q4_1 => group16!(Q41),
             GgmlType::Q5_0 => group16!(Q50),
@@ -289,7 +338,7 @@ pub(super) unsafe fn dot_group_neon(
     m: usize,
     out: &mut [[f32; ROWS]; ACT_ROWS],
 ) {
-    by_type::<false>(ty, g, nb, act, r0, m, out)
+    by_type::<NEON>(ty, g, nb, act, r0, m, out)
 }
 
 /// Q4_1 with 8-bit activations on `SDOT`.
@@ -302,7 +351,20 @@ pub(super) unsafe fn dot_group_a8_dotprod(
     m: usize,
     out: &mut [[f32; ROWS]; ACT_ROWS],
 ) {
-    by_type::<true>(GgmlType::Q4_1, g, nb, act, r0, m, out)
+    by_type::<DOTPROD>(GgmlType::Q4_1, g, nb, act, r0, m, out)
+}
+
+/// Q4_1 with 8-bit activations on `SMMLA` (and `SDOT` for one row).
+#[target_feature(enable = "neon,dotprod,i8mm")]
+pub(super) unsafe fn dot_group_a8_i8mm(
+    g: *const u8,
+    nb: usize,
+    act: &ActRows,
+    r0: usize,
+    m: usize,
+    out: &mut [[f32; ROWS]; ACT_ROWS],
+) {
+    by_type::<I8MM>(GgmlType::Q4_1, g, nb, act, r0, m, out)
 }
 
 /// Adds `x · w[r][at]` for each outlier to the group's sixteen results

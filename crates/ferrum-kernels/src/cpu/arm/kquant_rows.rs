@@ -26,15 +26,8 @@ use std::arch::aarch64::*;
 use ferrum_types::GgmlType;
 
 use super::{span_at, ActRows, ACT_ROWS, ROWS};
-use crate::cpu::int_dot::{dot4, f16x8, smmla};
-
-/// Which integer dot products a kernel uses (the `ISA` parameter): plain
-/// NEON (`SMULL` + `SADALP`).
-const NEON: u8 = 0;
-/// `SDOT` (dotprod).
-const DOTPROD: u8 = 1;
-/// `SMMLA` (i8mm) for several 8-bit activation rows, `SDOT` for one.
-const I8MM: u8 = 2;
+use crate::cpu::int_dot::{act_pair, dot4, f16x8, row_pairs, smmla, unpair};
+use crate::cpu::int_dot::{DOTPROD, I8MM, NEON};
 
 /// Activation rows per 16-bit call: eight i32 accumulators each.
 const ROWS16: usize = 2;
@@ -192,33 +185,29 @@ unsafe fn mmla_sums<const M: usize>(
     parts: &[[uint8x16_t; 2]; 4],
     a: *const i8,
 ) -> [[int32x4_t; 2]; M] {
-    // w[q][o]: weight rows 2q, 2q + 1, values 8o..8o + 8 of the half.
-    let mut w = [[vdupq_n_s8(0); 2]; 4];
-    for o in 0..2 {
+    // w[o][q]: weight rows 2q, 2q + 1, values 8o..8o + 8 of the half.
+    let mut w = [[vdupq_n_s8(0); 4]; 2];
+    for (o, w) in w.iter_mut().enumerate() {
         for v in 0..2 {
-            let p0 = vreinterpretq_u32_u8(parts[2 * o][v]);
-            let p1 = vreinterpretq_u32_u8(parts[2 * o + 1][v]);
-            w[2 * v][o] = vreinterpretq_s8_u32(vzip1q_u32(p0, p1));
-            w[2 * v + 1][o] = vreinterpretq_s8_u32(vzip2q_u32(p0, p1));
+            let (lo, hi) = (parts[2 * o][v], parts[2 * o + 1][v]);
+            let [p01, p23] = row_pairs(vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi));
+            (w[2 * v], w[2 * v + 1]) = (p01, p23);
         }
     }
     let mut x = [[vdupq_n_s32(0); 2]; M];
     for c in (0..M).step_by(2) {
         let c1 = (c + 1).min(M - 1);
-        // Lanes (2q, c), (2q, c1), (2q + 1, c), (2q + 1, c1).
         let mut y = [vdupq_n_s32(0); 4];
-        for o in 0..2 {
-            let av = vcombine_s8(
-                vld1_s8(a.add(32 * c + 8 * o)),
-                vld1_s8(a.add(32 * c1 + 8 * o)),
-            );
-            for (y, w) in y.iter_mut().zip(&w) {
-                *y = smmla(*y, w[o], av);
+        for (o, w) in w.iter().enumerate() {
+            let av = act_pair(a.add(32 * c + 8 * o), a.add(32 * c1 + 8 * o));
+            for (y, &w) in y.iter_mut().zip(w) {
+                *y = smmla(*y, w, av);
             }
         }
-        x[c] = [vuzp1q_s32(y[0], y[1]), vuzp1q_s32(y[2], y[3])];
+        let ([lo_c, lo_c1], [hi_c, hi_c1]) = (unpair(y[0], y[1]), unpair(y[2], y[3]));
+        x[c] = [lo_c, hi_c];
         if c1 > c {
-            x[c1] = [vuzp2q_s32(y[0], y[1]), vuzp2q_s32(y[2], y[3])];
+            x[c1] = [lo_c1, hi_c1];
         }
     }
     x
