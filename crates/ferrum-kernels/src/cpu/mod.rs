@@ -23,6 +23,7 @@ macro_rules! by_m {
 mod act_quant;
 mod activation;
 mod attention;
+mod denormals;
 mod features;
 mod gptq;
 #[cfg(target_arch = "x86_64")]
@@ -134,7 +135,8 @@ pub fn threads() -> usize {
 }
 
 /// Runs `f` on a worker of a new rayon pool of `threads` threads (default:
-/// `RAYON_NUM_THREADS`, or one per core).
+/// `RAYON_NUM_THREADS`, or one per core), whose threads flush subnormal
+/// floats to zero (`denormals`: Intel cores slow down on them).
 ///
 /// A model's forward pass is hundreds of small parallel ops. Started from a
 /// thread outside the pool, each op is handed to sleeping workers and the
@@ -153,7 +155,10 @@ pub fn on_pool<R: Send>(
     let pool = b
         .build()
         .map_err(|e| ferrum_types::FerrumError::Device(format!("cannot start CPU threads: {e}")))?;
-    pool.broadcast(|_| attention::reserve_scratch());
+    pool.broadcast(|_| {
+        attention::reserve_scratch();
+        denormals::flush_on_this_thread();
+    });
     Ok(pool.install(f))
 }
 
