@@ -1,6 +1,7 @@
 //! Vector primitives for the CPU backend: AVX2 + FMA paths picked at run
-//! time, and portable scalar versions that run everywhere else (Arm: the
-//! compiler vectorizes their eight-lane arrays for NEON).
+//! time, and portable versions that run everywhere else (on Arm their
+//! eight-lane multiply-add step, [`Elem::fma8`], is NEON's `FMLA`; the
+//! compiler left that lane loop scalar).
 //!
 //! Every public function here dispatches on [`has_avx2`] (see
 //! `cpu::features`). The scalar versions take the AVX2 versions' float
@@ -50,6 +51,12 @@ pub(crate) trait Elem: Copy + Send + Sync + 'static {
     /// `dst[i] = src[i]` as f32.
     fn widen_into(src: &[Self], dst: &mut [f32]);
 
+    /// `acc[l] = fma(a[l], src[l], acc[l])` for the first eight values
+    /// (all three at least eight long): the portable kernels' step,
+    /// fused like AVX2's `vfmadd`. On AArch64 two `FMLA` (and, for f16
+    /// rows, `FCVTL`): the compiler did not vectorize the lane loop.
+    fn fma8(acc: &mut [f32], a: &[f32], src: &[Self]);
+
     /// Eight values at `p` as f32 lanes.
     ///
     /// # Safety
@@ -71,6 +78,23 @@ impl Elem for f32 {
 
     fn widen_into(src: &[Self], dst: &mut [f32]) {
         dst.copy_from_slice(src);
+    }
+
+    #[inline(always)]
+    fn fma8(acc: &mut [f32], a: &[f32], src: &[Self]) {
+        let (acc, a, src) = (&mut acc[..8], &a[..8], &src[..8]);
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: eight values each (sliced above); NEON is part of every
+        // AArch64 CPU.
+        unsafe {
+            use std::arch::aarch64::*;
+            let b = [vld1q_f32(src.as_ptr()), vld1q_f32(src.as_ptr().add(4))];
+            neon_fma8(acc, a, b);
+        }
+        #[cfg(not(target_arch = "aarch64"))]
+        for ((acc, &a), &b) in acc.iter_mut().zip(a).zip(src) {
+            *acc = a.mul_add(b, *acc);
+        }
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -96,11 +120,39 @@ impl Elem for half::f16 {
         src.convert_to_f32_slice(dst);
     }
 
+    #[inline(always)]
+    fn fma8(acc: &mut [f32], a: &[f32], src: &[Self]) {
+        let (acc, a, src) = (&mut acc[..8], &a[..8], &src[..8]);
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: eight values each (sliced above); NEON is part of every
+        // AArch64 CPU.
+        unsafe {
+            neon_fma8(acc, a, super::int_dot::f16x8(src.as_ptr().cast()));
+        }
+        #[cfg(not(target_arch = "aarch64"))]
+        for ((acc, &a), b) in acc.iter_mut().zip(a).zip(src) {
+            *acc = a.mul_add(b.to_f32(), *acc);
+        }
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256 {
         use std::arch::x86_64::{_mm256_cvtph_ps, _mm_loadu_si128};
         _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+    }
+}
+
+/// `acc[l] = fma(a[l], b[l], acc[l])` for eight lanes (`acc`, `a` at
+/// least eight long) in two `FMLA` (the same rounding as `mul_add`).
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+unsafe fn neon_fma8(acc: &mut [f32], a: &[f32], b: [std::arch::aarch64::float32x4_t; 2]) {
+    use std::arch::aarch64::*;
+    for (h, b) in b.into_iter().enumerate() {
+        let at = acc.as_mut_ptr().add(4 * h);
+        let x = vfmaq_f32(vld1q_f32(at), vld1q_f32(a.as_ptr().add(4 * h)), b);
+        vst1q_f32(at, x);
     }
 }
 
@@ -279,27 +331,23 @@ pub(crate) mod scalar {
     /// Four chains of eight lanes over runs of 32, then one over runs of
     /// eight, the chains added, [`hsum8`], then the tail: AVX2's order.
     pub fn dot<T: Elem>(a: &[f32], b: &[T]) -> f32 {
-        let n = a.len();
+        let b = &b[..a.len()];
         let mut acc = [[0f32; 8]; 4];
-        let mut i = 0;
-        while i + 32 <= n {
+        let (a32, b32) = (a.chunks_exact(32), b.chunks_exact(32));
+        let (a_rest, b_rest) = (a32.remainder(), b32.remainder());
+        for (a, b) in a32.zip(b32) {
             for (w, acc) in acc.iter_mut().enumerate() {
-                for (l, acc) in acc.iter_mut().enumerate() {
-                    let at = i + 8 * w + l;
-                    *acc = a[at].mul_add(b[at].widen(), *acc);
-                }
+                T::fma8(acc, &a[8 * w..], &b[8 * w..]);
             }
-            i += 32;
         }
-        while i + 8 <= n {
-            for (l, acc) in acc[0].iter_mut().enumerate() {
-                *acc = a[i + l].mul_add(b[i + l].widen(), *acc);
-            }
-            i += 8;
+        let (a8, b8) = (a_rest.chunks_exact(8), b_rest.chunks_exact(8));
+        let (a_tail, b_tail) = (a8.remainder(), b8.remainder());
+        for (a, b) in a8.zip(b8) {
+            T::fma8(&mut acc[0], a, b);
         }
         let v = std::array::from_fn(|l| (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]));
         let mut s = hsum8(v);
-        for (&a, b) in a[i..].iter().zip(&b[i..]) {
+        for (&a, b) in a_tail.iter().zip(b_tail) {
             s = a.mul_add(b.widen(), s);
         }
         s
@@ -330,8 +378,16 @@ pub(crate) mod scalar {
         }
     }
 
+    /// Eight values at a time, then the tail: one FMA per value either way.
     pub fn axpy<T: Elem>(y: &mut [f32], a: f32, x: &[T]) {
-        for (y, &x) in y.iter_mut().zip(x) {
+        let x = &x[..y.len()];
+        let (mut y8, x8) = (y.chunks_exact_mut(8), x.chunks_exact(8));
+        let x_tail = x8.remainder();
+        let a8 = [a; 8];
+        for (y, x) in (&mut y8).zip(x8) {
+            T::fma8(y, &a8, x);
+        }
+        for (y, &x) in y8.into_remainder().iter_mut().zip(x_tail) {
             *y = a.mul_add(x.widen(), *y);
         }
     }
@@ -360,9 +416,7 @@ pub(crate) mod scalar {
                 out[i * stride + j] = if j < full {
                     let mut acc = [0f32; 8];
                     for (q, k) in q.chunks_exact(8).zip(key.chunks_exact(8)) {
-                        for ((acc, &q), k) in acc.iter_mut().zip(q).zip(k) {
-                            *acc = q.mul_add(k.widen(), *acc);
-                        }
+                        T::fma8(&mut acc, q, k);
                     }
                     let a = acc;
                     (((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) * s
