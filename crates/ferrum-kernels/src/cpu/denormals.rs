@@ -9,8 +9,8 @@
 //! Qwen2.5-1.5B-shaped Q4_K_M file of random weights prefilled at 62 tok/s
 //! (128 tokens; 22 at 512) and at 117-149 with flushing, where a Zen 4 was
 //! unaffected (`docs/perf-log.md`, session 30). Values below 1.2e-38 carry
-//! nothing a model's output can show, so, as oneDNN and OpenVINO do, the
-//! pool's threads run with x86's FTZ and DAZ (MXCSR bits 15 and 6) or
+//! nothing a model's output can show, so, as TensorFlow's compute threads
+//! do, the pool's threads run with x86's FTZ and DAZ (MXCSR bits 15 and 6) or
 //! AArch64's FZ (FPCR bit 24), which flush subnormal inputs and results
 //! alike: x86 and Arm keep computing the same bits (they can differ only
 //! for results within a rounding of 2^-126, where x86 judges tininess after
