@@ -67,17 +67,13 @@ pub(crate) unsafe fn act_pair(a: *const i8, b: *const i8) -> int8x16_t {
     vcombine_s8(vld1_s8(a), vld1_s8(b))
 }
 
-/// What [`sdot`] computes, on plain NEON without `DOT`: products widened to
-/// i16, adjacent pairs added (at most 2 · 63 · 127 for the kernels' 6-bit
-/// weights), then pairs of pairs into `acc`. Either way the sums are exact,
+/// [`sdot`] for kernels from [`DOTPROD`] up; on plain NEON what it
+/// computes: products widened to i16, adjacent pairs added (at most 2 · 63
+/// · 127 for the kernels' 6-bit weights), then pairs of pairs into `acc`. Either way the sums are exact,
 /// so both give the same bits.
 #[inline(always)]
-pub(crate) unsafe fn dot4<const DOT: bool>(
-    acc: int32x4_t,
-    w: int8x16_t,
-    a: int8x16_t,
-) -> int32x4_t {
-    if DOT {
+pub(crate) unsafe fn dot4<const ISA: u8>(acc: int32x4_t, w: int8x16_t, a: int8x16_t) -> int32x4_t {
+    if ISA >= DOTPROD {
         sdot(acc, w, a)
     } else {
         let lo = vmull_s8(vget_low_s8(w), vget_low_s8(a));

@@ -225,11 +225,7 @@ unsafe fn group8<const ISA: u8, const M: usize>(
                 let ahi =
                     vreinterpretq_s8_s32(vdupq_n_s32(a.add(4).cast::<i32>().read_unaligned()));
                 for v in 0..4 {
-                    if ISA >= DOTPROD {
-                        dots[v] = dot4::<true>(dot4::<true>(dots[v], lo[v], alo), hi[v], ahi);
-                    } else {
-                        dots[v] = dot4::<false>(dot4::<false>(dots[v], lo[v], alo), hi[v], ahi);
-                    }
+                    dots[v] = dot4::<ISA>(dot4::<ISA>(dots[v], lo[v], alo), hi[v], ahi);
                 }
             }
         }

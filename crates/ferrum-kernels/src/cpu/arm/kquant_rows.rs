@@ -243,12 +243,7 @@ unsafe fn half_sums<F: Rows, const ISA: u8, const M: usize>(
                 let av = a.add(32 * c + 4 * u).cast::<i32>().read_unaligned();
                 let av = vreinterpretq_s8_s32(vdupq_n_s32(av));
                 for (x, &p) in x.iter_mut().zip(part) {
-                    let p = vreinterpretq_s8_u8(p);
-                    *x = if ISA >= DOTPROD {
-                        dot4::<true>(*x, p, av)
-                    } else {
-                        dot4::<false>(*x, p, av)
-                    };
+                    *x = dot4::<ISA>(*x, vreinterpretq_s8_u8(p), av);
                 }
             }
         }
