@@ -22,15 +22,27 @@ pub struct Segment<'a> {
 }
 
 /// A paged model and the block manager over its pool.
+/// Rows of logits [`KvManaged`] keeps its buffer for.
+const KEEP_LOGIT_ROWS: usize = 64;
+
 pub struct KvManaged<M> {
     model: M,
     blocks: BlockManager,
+    /// All wanted rows' logits of the last forward pass, kept between
+    /// calls: a fresh buffer was zeroed (1.5 MB for eight SmolLM2
+    /// sequences) and, above the allocator's mmap threshold, faulted in
+    /// page by page on every step, by one thread while the others waited.
+    logits: Vec<f32>,
 }
 
 impl<M: PagedLlm> KvManaged<M> {
     pub fn new(model: M) -> Self {
         let blocks = model.kv_pool().manager();
-        Self { model, blocks }
+        Self {
+            model,
+            blocks,
+            logits: Vec::new(),
+        }
     }
 
     pub fn model(&self) -> &M {
@@ -98,18 +110,24 @@ impl<M: PagedLlm> KvManaged<M> {
 
     /// [`KvManaged::forward_into`], each segment's logits apart.
     pub fn forward(&mut self, segs: &[Segment]) -> Result<Vec<Option<Vec<f32>>>> {
-        let mut all = Vec::new();
+        let mut all = std::mem::take(&mut self.logits);
         self.forward_into(segs, &mut all)?;
         let vocab = self.model.config().vocab_size;
         let mut taken = 0;
-        Ok(segs
+        let out = segs
             .iter()
             .map(|s| {
                 let count = s.logits.rows(s.tokens.len());
                 taken += count;
                 (count > 0).then(|| all[(taken - count) * vocab..taken * vocab].to_vec())
             })
-            .collect())
+            .collect();
+        // Kept for the next step when it holds a decode batch's rows, not
+        // a whole prompt's.
+        if all.len() <= KEEP_LOGIT_ROWS * vocab {
+            self.logits = all;
+        }
+        Ok(out)
     }
 
     /// Like [`DecoderOnlyLLM::prefill`], reporting errors instead of
@@ -145,8 +163,15 @@ impl<M: PagedLlm> KvManaged<M> {
             pos,
             logits,
         };
-        let mut out = Vec::new();
-        self.forward_into(&[seg], &mut out)?;
+        let mut all = std::mem::take(&mut self.logits);
+        self.forward_into(&[seg], &mut all)?;
+        if logits == LogitsWanted::All {
+            // Every position's logits (a verification, a perplexity
+            // chunk): the caller takes the buffer itself.
+            return Ok(all);
+        }
+        let out = all.clone();
+        self.logits = all;
         Ok(out)
     }
 
