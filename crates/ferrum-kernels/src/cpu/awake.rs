@@ -20,7 +20,7 @@
 //! lets its threads sleep again within a few ms.
 
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,9 @@ pub(crate) struct Awake {
     last_request: AtomicU64,
     /// Spinners running now.
     spinners: AtomicUsize,
+    /// Whether spinner jobs were sent and none has started yet (the
+    /// kernels asking meanwhile send no more).
+    sent: AtomicBool,
     threads: usize,
 }
 
@@ -54,6 +57,7 @@ pub(crate) fn new_pool(threads: usize) -> Arc<Awake> {
         start: Instant::now(),
         last_request: AtomicU64::new(0),
         spinners: AtomicUsize::new(0),
+        sent: AtomicBool::new(false),
         threads,
     })
 }
@@ -80,7 +84,9 @@ pub(crate) fn keep_awake() {
         }
         let now = state.start.elapsed().as_nanos() as u64;
         state.last_request.store(now, Ordering::Relaxed);
-        if state.spinners.load(Ordering::Relaxed) + 1 >= state.threads {
+        if state.spinners.load(Ordering::Relaxed) + 1 >= state.threads
+            || state.sent.swap(true, Ordering::AcqRel)
+        {
             return;
         }
         let Some(me) = rayon::current_thread_index() else {
@@ -98,6 +104,7 @@ pub(crate) fn keep_awake() {
 /// Runs the pool's work on this thread until no kernel has asked for
 /// [`SPIN_FOR`].
 fn spin(state: &Awake) {
+    state.sent.store(false, Ordering::Release);
     if SPINNING.get() {
         return;
     }
