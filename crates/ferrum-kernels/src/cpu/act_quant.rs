@@ -10,11 +10,6 @@ use crate::quant::act::{act_scale, ACT_MAX};
 /// Rows at or above this count are quantized in parallel.
 const PAR_ROWS: usize = 16;
 
-/// The same for [`ActRows::quantize8`], whose rows are quantized while
-/// the other threads would wait for the GEMM that reads them: a batch of
-/// eight decoding sequences spent 4% of a step quantizing on one thread.
-const PAR_ROWS8: usize = 2;
-
 /// Bytes of quantized activations a GEMM pass keeps in L2 while every
 /// weight row streams past them (see [`ActRows::blocks`]).
 const BLOCK_BYTES: usize = 256 << 10;
@@ -175,25 +170,18 @@ impl ActRows {
             d[groups..].fill(0.0);
             s[groups..].fill(0.0);
         };
-        if m >= PAR_ROWS8 {
-            a[..m * k]
-                .par_chunks_exact(k)
-                .zip(self.q8.par_chunks_exact_mut(k))
-                .zip(self.d.par_chunks_exact_mut(stride))
-                .zip(self.s.par_chunks_exact_mut(stride))
-                .zip(self.outliers.par_chunks_exact_mut(groups))
-                .zip(self.outlier_count.par_iter_mut())
-                .for_each(one);
-        } else {
-            a[..m * k]
-                .chunks_exact(k)
-                .zip(self.q8.chunks_exact_mut(k))
-                .zip(self.d.chunks_exact_mut(stride))
-                .zip(self.s.chunks_exact_mut(stride))
-                .zip(self.outliers.chunks_exact_mut(groups))
-                .zip(self.outlier_count.iter_mut())
-                .for_each(one);
-        }
+        // Row by row in parallel (one row, a decode step's, stays on this
+        // thread): the other threads would only wait for the GEMM that
+        // reads them, and a batch of eight decoding sequences spent 4% of
+        // a step quantizing on one thread.
+        a[..m * k]
+            .par_chunks_exact(k)
+            .zip(self.q8.par_chunks_exact_mut(k))
+            .zip(self.d.par_chunks_exact_mut(stride))
+            .zip(self.s.par_chunks_exact_mut(stride))
+            .zip(self.outliers.par_chunks_exact_mut(groups))
+            .zip(self.outlier_count.par_iter_mut())
+            .for_each(one);
     }
 
     /// Row `r`'s outliers from the last [`ActRows::quantize8`].
