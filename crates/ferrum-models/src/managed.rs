@@ -21,10 +21,10 @@ pub struct Segment<'a> {
     pub logits: LogitsWanted,
 }
 
-/// A paged model and the block manager over its pool.
 /// Rows of logits [`KvManaged`] keeps its buffer for.
 const KEEP_LOGIT_ROWS: usize = 64;
 
+/// A paged model and the block manager over its pool.
 pub struct KvManaged<M> {
     model: M,
     blocks: BlockManager,
@@ -122,12 +122,16 @@ impl<M: PagedLlm> KvManaged<M> {
                 (count > 0).then(|| all[(taken - count) * vocab..taken * vocab].to_vec())
             })
             .collect();
-        // Kept for the next step when it holds a decode batch's rows, not
-        // a whole prompt's.
-        if all.len() <= KEEP_LOGIT_ROWS * vocab {
+        self.recycle(all);
+        Ok(out)
+    }
+
+    /// Keeps `all` as the next pass's logits buffer when it holds a decode
+    /// batch's rows, not a whole prompt's.
+    fn recycle(&mut self, all: Vec<f32>) {
+        if all.len() <= KEEP_LOGIT_ROWS * self.model.config().vocab_size {
             self.logits = all;
         }
-        Ok(out)
     }
 
     /// Like [`DecoderOnlyLLM::prefill`], reporting errors instead of
@@ -171,7 +175,7 @@ impl<M: PagedLlm> KvManaged<M> {
             return Ok(all);
         }
         let out = all.clone();
-        self.logits = all;
+        self.recycle(all);
         Ok(out)
     }
 

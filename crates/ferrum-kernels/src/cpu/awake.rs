@@ -138,17 +138,17 @@ fn spin(state: &Awake) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
     use std::time::{Duration, Instant};
 
     use rayon::prelude::*;
 
-    use super::{keep_awake, Awake, POOL};
+    use super::{keep_awake, POOL};
 
     fn spinners() -> usize {
         POOL.with(|p| {
-            p.borrow().as_ref().map_or(0, |s: &std::sync::Arc<Awake>| {
-                s.spinners.load(std::sync::atomic::Ordering::Acquire)
-            })
+            let p = p.borrow();
+            p.as_ref().map_or(0, |s| s.spinners.load(Ordering::Acquire))
         })
     }
 
