@@ -23,7 +23,6 @@ macro_rules! by_m {
 mod act_quant;
 mod activation;
 mod attention;
-mod awake;
 mod denormals;
 mod features;
 mod gptq;
@@ -156,11 +155,9 @@ pub fn on_pool<R: Send>(
     let pool = b
         .build()
         .map_err(|e| ferrum_types::FerrumError::Device(format!("cannot start CPU threads: {e}")))?;
-    let spinners = awake::new_pool(pool.current_num_threads());
     pool.broadcast(|_| {
         attention::reserve_scratch();
         denormals::flush_on_this_thread();
-        awake::join_pool(&spinners);
     });
     Ok(pool.install(f))
 }
@@ -305,7 +302,6 @@ impl Backend for CpuBackend {
         k: usize,
         kind: &QuantKind,
     ) -> Result<()> {
-        awake::keep_awake();
         match kind {
             QuantKind::Gguf {
                 quant_type,
@@ -344,7 +340,6 @@ impl Backend for CpuBackend {
         n: usize,
         k: usize,
     ) {
-        awake::keep_awake();
         matmul::gemm(a, b, out, m, n, k);
     }
 
@@ -428,7 +423,6 @@ impl Backend for CpuBackend {
         out: &mut Self::Buffer,
         cfg: &AttnConfig,
     ) {
-        awake::keep_awake();
         match (k_pool.is_f16(), v_pool.is_f16()) {
             (false, false) => {
                 attention::paged_attention_segments(q, k_pool, v_pool, segs, out, cfg)
