@@ -23,6 +23,7 @@ macro_rules! by_m {
 mod act_quant;
 mod activation;
 mod attention;
+mod awake;
 mod denormals;
 mod features;
 mod gptq;
@@ -159,7 +160,10 @@ pub fn on_pool<R: Send>(
         attention::reserve_scratch();
         denormals::flush_on_this_thread();
     });
-    Ok(pool.install(f))
+    Ok(pool.install(|| {
+        let _spinners = awake::Spinners::start();
+        f()
+    }))
 }
 
 /// What the 32-bit words of a [`CpuBuffer`] hold.
@@ -279,6 +283,7 @@ impl Backend for CpuBackend {
         out: &mut Self::Buffer,
         m: usize,
     ) -> Result<()> {
+        awake::keep_awake();
         let (n, k) = (weight.n, weight.k);
         if a.len() < m * k || out.len() < m * n {
             return Err(FerrumError::invalid(format!(
@@ -302,6 +307,7 @@ impl Backend for CpuBackend {
         k: usize,
         kind: &QuantKind,
     ) -> Result<()> {
+        awake::keep_awake();
         match kind {
             QuantKind::Gguf {
                 quant_type,
@@ -340,6 +346,7 @@ impl Backend for CpuBackend {
         n: usize,
         k: usize,
     ) {
+        awake::keep_awake();
         matmul::gemm(a, b, out, m, n, k);
     }
 
@@ -380,6 +387,7 @@ impl Backend for CpuBackend {
         pos_offset: usize,
         cfg: &AttnConfig,
     ) {
+        awake::keep_awake();
         attention::flash_attention(q, k, v, out, batch, q_len, kv_len, pos_offset, cfg);
     }
 
@@ -423,6 +431,7 @@ impl Backend for CpuBackend {
         out: &mut Self::Buffer,
         cfg: &AttnConfig,
     ) {
+        awake::keep_awake();
         match (k_pool.is_f16(), v_pool.is_f16()) {
             (false, false) => {
                 attention::paged_attention_segments(q, k_pool, v_pool, segs, out, cfg)
@@ -664,6 +673,7 @@ impl Backend for CpuBackend {
         n: usize,
         k: usize,
     ) -> Result<Self::Buffer> {
+        awake::keep_awake();
         let ty = quant_type.ggml();
         let (bs, bb) = (ty.block_size(), ty.block_bytes());
         if !k.is_multiple_of(bs) || bytes.len() != n * (k / bs) * bb {
