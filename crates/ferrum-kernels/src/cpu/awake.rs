@@ -43,9 +43,10 @@ const LONGEST_PARK: Duration = Duration::from_millis(100);
 
 /// One pool's spinner state, shared by its threads.
 pub(crate) struct Awake {
-    start: Instant,
-    /// Nanoseconds after `start` of the last request.
-    last_request: AtomicU64,
+    /// Requests so far. A request only counts (a clock read costs the
+    /// driver 100-200 ns a kernel on a VM); the spinners note when it
+    /// last changed, on their own time.
+    requests: AtomicU64,
     /// Spinners parked now (a request notifies only when some are).
     parked: AtomicUsize,
     /// Spinners started and not yet ended.
@@ -57,15 +58,6 @@ pub(crate) struct Awake {
 }
 
 impl Awake {
-    fn now(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
-    }
-
-    fn asked_recently(&self) -> bool {
-        let last = self.last_request.load(Ordering::SeqCst);
-        self.now().saturating_sub(last) <= SPIN_FOR.as_nanos() as u64
-    }
-
     fn notify(&self) {
         let _held = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
         self.wake.notify_all();
@@ -97,8 +89,7 @@ impl Spinners {
             return Self(None);
         }
         let state = Arc::new(Awake {
-            start: Instant::now(),
-            last_request: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
             parked: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
@@ -137,10 +128,10 @@ pub(crate) fn keep_awake() {
     POOL.with(|p| {
         let p = p.borrow();
         let Some(state) = p.as_ref() else { return };
-        state.last_request.store(state.now(), Ordering::SeqCst);
-        // Pairs with `spin`'s increment then check (both SeqCst): either
-        // the spinner sees this request and does not park, or this sees it
-        // parked and wakes it.
+        state.requests.fetch_add(1, Ordering::SeqCst);
+        // Pairs with `spin`'s increment of `parked` then check of
+        // `requests` (all SeqCst): either the spinner sees this request and
+        // does not park, or this sees it parked and wakes it.
         if state.parked.load(Ordering::SeqCst) > 0 {
             state.notify();
         }
@@ -152,19 +143,28 @@ pub(crate) fn keep_awake() {
 fn spin(state: &Awake) {
     state.running.fetch_add(1, Ordering::AcqRel);
     let mut park_for = FIRST_PARK;
+    // The request count last seen, and when it was seen to change.
+    let (mut seen, mut since) = (state.requests.load(Ordering::SeqCst), Instant::now());
+    let mut asked_recently = |state: &Awake| {
+        let now = state.requests.load(Ordering::SeqCst);
+        if now != seen {
+            (seen, since) = (now, Instant::now());
+        }
+        since.elapsed() <= SPIN_FOR
+    };
     while !state.stop.load(Ordering::SeqCst) {
         if let Some(rayon::Yield::Executed) = rayon::yield_now() {
             park_for = FIRST_PARK;
             continue;
         }
-        if state.asked_recently() {
+        if asked_recently(state) {
             park_for = FIRST_PARK;
             std::thread::yield_now();
             continue;
         }
         let held = state.lock.lock().unwrap_or_else(PoisonError::into_inner);
         state.parked.fetch_add(1, Ordering::SeqCst);
-        if !state.asked_recently() && !state.stop.load(Ordering::SeqCst) {
+        if !asked_recently(state) && !state.stop.load(Ordering::SeqCst) {
             let (_held, waited) = state
                 .wake
                 .wait_timeout(held, park_for)
