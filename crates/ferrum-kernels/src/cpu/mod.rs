@@ -298,7 +298,7 @@ impl Backend for CpuBackend {
         out: &mut Self::Buffer,
         m: usize,
     ) -> Result<()> {
-        awake::keep_awake();
+        let _awake = awake::keep_awake();
         let (n, k) = (weight.n, weight.k);
         if a.len() < m * k || out.len() < m * n {
             return Err(FerrumError::invalid(format!(
@@ -322,7 +322,7 @@ impl Backend for CpuBackend {
         k: usize,
         kind: &QuantKind,
     ) -> Result<()> {
-        awake::keep_awake();
+        let _awake = awake::keep_awake();
         match kind {
             QuantKind::Gguf {
                 quant_type,
@@ -361,7 +361,7 @@ impl Backend for CpuBackend {
         n: usize,
         k: usize,
     ) {
-        awake::keep_awake();
+        let _awake = awake::keep_awake();
         matmul::gemm(a, b, out, m, n, k);
     }
 
@@ -402,7 +402,7 @@ impl Backend for CpuBackend {
         pos_offset: usize,
         cfg: &AttnConfig,
     ) {
-        awake::keep_awake();
+        let _awake = awake::keep_awake();
         attention::flash_attention(q, k, v, out, batch, q_len, kv_len, pos_offset, cfg);
     }
 
@@ -446,7 +446,7 @@ impl Backend for CpuBackend {
         out: &mut Self::Buffer,
         cfg: &AttnConfig,
     ) {
-        awake::keep_awake();
+        let _awake = awake::keep_awake();
         match (k_pool.is_f16(), v_pool.is_f16()) {
             (false, false) => {
                 attention::paged_attention_segments(q, k_pool, v_pool, segs, out, cfg)
@@ -688,7 +688,7 @@ impl Backend for CpuBackend {
         n: usize,
         k: usize,
     ) -> Result<Self::Buffer> {
-        awake::keep_awake();
+        let _awake = awake::keep_awake();
         let ty = quant_type.ggml();
         let (bs, bb) = (ty.block_size(), ty.block_bytes());
         if !k.is_multiple_of(bs) || bytes.len() != n * (k / bs) * bb {
