@@ -30,9 +30,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-/// How long after the last kernel ([`keep_awake`]) the spinners keep running: longer
-/// than the gap between two decode steps (sampling, scheduling), short
-/// enough that an idle process stops using the cores at once.
+/// How long after the last kernel ([`keep_awake`]) ended the spinners keep
+/// running: longer than the gap between two decode steps (sampling,
+/// scheduling), short enough that an idle process stops using the cores
+/// at once.
 const SPIN_FOR: Duration = Duration::from_millis(2);
 
 /// A parked spinner also wakes after this long, doubling up to
@@ -54,7 +55,7 @@ pub(crate) struct Awake {
     /// 100-200 ns a kernel on a VM); the spinners note when it last
     /// changed, on their own time.
     ended: AtomicU64,
-    /// Spinners parked now (a request notifies only when some are).
+    /// Spinners parked now (a starting kernel notifies only when some are).
     parked: AtomicUsize,
     /// Spinners started and not yet ended.
     running: AtomicUsize,
@@ -160,8 +161,9 @@ impl Drop for Kernel {
     }
 }
 
-/// Runs the pool's work on this thread while kernels ask, parks while they
-/// do not, and returns once `state.stop` is set.
+/// Runs the pool's work on this thread while a kernel runs or one ended
+/// within [`SPIN_FOR`], parks otherwise, and returns once `state.stop` is
+/// set.
 fn spin(state: &Awake) {
     state.running.fetch_add(1, Ordering::AcqRel);
     let mut park_for = FIRST_PARK;
