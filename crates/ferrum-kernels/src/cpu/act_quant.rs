@@ -79,10 +79,11 @@ impl ActRows {
         let stride = (k / group).next_multiple_of(8);
         let nsums = k / SUM_GROUP;
         (self.k, self.group, self.stride, self.a8) = (k, group, stride, false);
-        self.qs.resize(m * k, 0);
-        self.d.resize(m * stride, 0.0);
-        self.s.resize(m * stride, 0.0);
-        self.sums.resize(m * nsums, 0);
+        // Lengths only grow (see `quantize8`).
+        grow(&mut self.qs, m * k, 0);
+        grow(&mut self.d, m * stride, 0.0);
+        grow(&mut self.s, m * stride, 0.0);
+        grow(&mut self.sums, m * nsums, 0);
         let rows = a[..m * k]
             .chunks_exact(k)
             .zip(self.qs.chunks_exact_mut(k))
@@ -123,7 +124,7 @@ impl ActRows {
         // Lengths only grow: one thread's buffers serve GEMMs of several
         // widths in turn, and shrinking then growing again re-zeroed them
         // each time (1.2% of a SmolLM2 batch-8 step on one thread). The
-        // row loop below zips the rows of `a`, so longer buffers are fine.
+        // row loops zip the rows of `a`, so longer buffers are fine.
         grow(&mut self.q8, m * k, 0);
         grow(&mut self.d, m * stride, 0.0);
         grow(&mut self.s, m * stride, 0.0);

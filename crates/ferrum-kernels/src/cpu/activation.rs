@@ -2,17 +2,17 @@
 
 use rayon::prelude::*;
 
-use super::{rows_mut, simd, PAR_MIN_ELEMS};
+use super::{rows_mut, rows_mut_from, simd, PAR_MIN_ELEMS};
 
 /// A gated activation's rows go to separate threads from this many values
-/// on, a quarter of `rows_mut`'s bound: an exponential or tanh per value
+/// on, a quarter of `super::rows_mut`'s bound: an exponential or tanh per value
 /// makes them several times the work of an add, and a batch-8 SmolLM2
 /// step's 12k values took 3% of the step on one thread.
 const GATED_PAR_MIN: usize = PAR_MIN_ELEMS / 4;
 
 pub(crate) fn fused_silu_mul_split(gate_up: &[f32], out: &mut [f32], tokens: usize, im: usize) {
     let gate_up = &gate_up[..tokens * 2 * im];
-    gated_rows(&mut out[..tokens * im], im, |t, o| {
+    rows_mut_from(GATED_PAR_MIN, &mut out[..tokens * im], im, |t, o| {
         let row = &gate_up[t * 2 * im..(t + 1) * 2 * im];
         simd::silu_mul(o, &row[..im], &row[im..]);
     });
@@ -25,22 +25,10 @@ pub(crate) fn fused_gelu_tanh_mul_split(
     im: usize,
 ) {
     let gate_up = &gate_up[..tokens * 2 * im];
-    gated_rows(&mut out[..tokens * im], im, |t, o| {
+    rows_mut_from(GATED_PAR_MIN, &mut out[..tokens * im], im, |t, o| {
         let row = &gate_up[t * 2 * im..(t + 1) * 2 * im];
         simd::gelu_tanh_mul(o, &row[..im], &row[im..]);
     });
-}
-
-/// `f(t, row)` for the `im`-wide rows of `out`, a row per task from
-/// [`GATED_PAR_MIN`] values on.
-fn gated_rows(out: &mut [f32], im: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
-    if im > 0 && out.len() >= GATED_PAR_MIN && out.len() > im {
-        out.par_chunks_mut(im)
-            .enumerate()
-            .for_each(|(t, o)| f(t, o));
-    } else {
-        rows_mut(out, im, f);
-    }
 }
 
 /// Elements per parallel chunk of a flat element-wise op.

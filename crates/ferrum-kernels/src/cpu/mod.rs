@@ -64,10 +64,21 @@ pub(crate) const PAR_MIN_ELEMS: usize = 1 << 14;
 /// Runs `f(row_index, row)` over the `dim`-wide rows of `out`, in parallel
 /// when the work is large enough to pay for it.
 pub(crate) fn rows_mut(out: &mut [f32], dim: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    rows_mut_from(PAR_MIN_ELEMS, out, dim, f);
+}
+
+/// [`rows_mut`], in parallel from `min_elems` values on (a lower bound
+/// for work heavier per value than a copy or an add).
+pub(crate) fn rows_mut_from(
+    min_elems: usize,
+    out: &mut [f32],
+    dim: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync + Send,
+) {
     if dim == 0 {
         return;
     }
-    if out.len() >= PAR_MIN_ELEMS && out.len() > dim {
+    if out.len() >= min_elems && out.len() > dim {
         out.par_chunks_mut(dim)
             .enumerate()
             .for_each(|(i, r)| f(i, r));
@@ -80,7 +91,7 @@ pub(crate) fn rows_mut(out: &mut [f32], dim: usize, f: impl Fn(usize, &mut [f32]
 /// large: a decode batch's logits (eight rows of a 49-152k vocabulary,
 /// 1.5-4.9 MB) are read out every step, which on one thread left the
 /// others idle for about 1.5% of a SmolLM2 batch-8 step.
-pub(crate) fn copy_par(src: &[f32], dst: &mut [f32]) {
+fn copy_par(src: &[f32], dst: &mut [f32]) {
     const CHUNK: usize = 1 << 15;
     if src.len() >= 2 * CHUNK {
         dst.par_chunks_mut(CHUNK)
