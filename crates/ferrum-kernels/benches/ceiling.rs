@@ -9,7 +9,11 @@
 //!   each one (the AVX2 integer kernels' inner loop: 16-bit activations);
 //! - `pmaddubsw_paddw`: the 8-bit form with i16 accumulation (32 each;
 //!   what 8-bit activations would run on);
-//! - `fma_f32`: f32 FMA (8 each).
+//! - `fma_f32`: f32 FMA (8 each);
+//! - `vpdpbusd_zmm`: 512-bit `VPDPBUSD` (64 each; where the CPU has
+//!   AVX-512 VNNI), and `vpdpbusd_zmm_finish` with the float finish the
+//!   k-quant kernels give each row and 32-value span: on a Zen 4 both
+//!   take the same two pipes, so the finish costs dot-product cycles.
 //!
 //! `cargo bench -p ferrum-kernels --bench ceiling`
 
@@ -81,6 +85,47 @@ mod loops {
         };
     }
 
+    /// Eight 512-bit `VPDPBUSD` per trip (64 multiply-adds each: the
+    /// k-quant kernels' with AVX-512 VNNI), eight accumulators; with
+    /// `float`, also a row's float finish of a span in those kernels (a
+    /// conversion, a multiply and two FMAs), to see whether it issues
+    /// beside the dot products or takes their cycles.
+    macro_rules! vnni_loop {
+        ($name:ident $(, $float:literal)*) => {
+            /// # Safety
+            /// The CPU must have AVX-512 F and VNNI.
+            #[target_feature(enable = "avx512f,avx512vnni")]
+            pub unsafe fn $name(n: usize) {
+                // SAFETY: register-only instructions on clobbered registers.
+                unsafe {
+                    asm!(
+                        "2:",
+                        "vpdpbusd zmm0, zmm12, zmm14", "vpdpbusd zmm1, zmm13, zmm14",
+                        "vpdpbusd zmm2, zmm12, zmm15", "vpdpbusd zmm3, zmm13, zmm15",
+                        "vpdpbusd zmm4, zmm12, zmm14", "vpdpbusd zmm5, zmm13, zmm14",
+                        "vpdpbusd zmm6, zmm12, zmm15", "vpdpbusd zmm7, zmm13, zmm15",
+                        $($float,)*
+                        "dec {n}",
+                        "jnz 2b",
+                        n = inout(reg) n.max(1) => _,
+                        out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
+                        out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
+                        out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+                        options(nomem, nostack),
+                    );
+                }
+            }
+        };
+    }
+
+    vnni_loop!(vpdpbusd_zmm);
+    vnni_loop!(
+        vpdpbusd_zmm_finish,
+        "vcvtdq2ps zmm8, zmm0",
+        "vmulps zmm9, zmm16, zmm17",
+        "vfmadd231ps zmm10, zmm8, zmm9",
+        "vfnmadd231ps zmm11, zmm18, zmm19"
+    );
     unit_loop!(pmaddwd, "vpmaddwd");
     unit_loop!(pmaddwd_paddd, "vpmaddwd", "vpaddd");
     unit_loop!(pmaddubsw_paddw, "vpmaddubsw", "vpaddw");
@@ -113,6 +158,19 @@ fn bench_ceiling(c: &mut Criterion) {
         group.throughput(Throughput::Elements(8 * per * TRIPS as u64));
         // SAFETY: AVX2 and FMA were detected above.
         group.bench_function(name, |b| b.iter(|| unsafe { run(TRIPS) }));
+    }
+    if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vnni") {
+        let vnni: [Case; 2] = [
+            ("vpdpbusd_zmm", loops::vpdpbusd_zmm, 64),
+            ("vpdpbusd_zmm_finish", loops::vpdpbusd_zmm_finish, 64),
+        ];
+        for (name, run, per) in vnni {
+            group.throughput(Throughput::Elements(8 * per * TRIPS as u64));
+            // SAFETY: AVX-512 F and VNNI were detected just above.
+            group.bench_function(name, |b| b.iter(|| unsafe { run(TRIPS) }));
+        }
+    } else {
+        eprintln!("skipped the VPDPBUSD loops: this CPU lacks AVX-512 VNNI");
     }
     group.finish();
 }
