@@ -19,7 +19,7 @@ const VNNI512: u8 = 1;
 const AVX_VNNI: u8 = 2;
 
 /// How far ahead [`prefetch`] reads.
-const PREFETCH: usize = 2048;
+const PREFETCH: usize = 4096;
 
 /// One grouped format (the parent module describes the layout).
 trait Rows {
@@ -424,9 +424,7 @@ unsafe fn group<F: Rows, const ISA: u8, const M: usize>(
         let d = _mm256_cvtph_ps(_mm_loadu_si128(gb.cast()));
         let bytes = |o: usize| _mm_loadl_epi64(gb.add(o).cast());
         for j in 0..8 {
-            if M > 1 {
-                prefetch::<F>(gb, j);
-            }
+            prefetch::<F>(gb, j);
             let (da, sa) = act_scales(act, at, 8 * b + j);
             if F::SIXTEENS {
                 for h in 0..2 {
@@ -609,10 +607,13 @@ unsafe fn group_pair<F: Rows, const M: usize>(
 
 /// Asks for span `j` of the group block [`PREFETCH`] bytes ahead of the
 /// one at `g` (past a task's last group: harmless, prefetches do not
-/// fault). With several activation rows the span loop is slow enough that
-/// the hardware prefetchers fell behind: batch-8 decode of
+/// fault). The hardware prefetchers alone fall behind the weight stream:
+/// with several activation rows on a Zen 4 (batch-8 decode of
 /// Qwen2.5-Coder-1.5B Q4_K_M spent a fifth of its kernel time on the
-/// weight loads; at one row, they keep up and this would only add loads.
+/// weight loads), and with one row on an Intel Xeon, whose decode GEMVs
+/// read at half the memory bandwidth without it. 4 KB ahead rather than 2
+/// covers the Xeon's longer memory latency; on the Zen 4 both distances,
+/// and none at one row, measured the same (`docs/perf-log.md`).
 #[inline(always)]
 unsafe fn prefetch<F: Rows>(g: *const u8, j: usize) {
     let at = g.wrapping_add(PREFETCH + j * F::BYTES / 8);
