@@ -14,7 +14,8 @@
 #       there, carrying .cpu-side: pins two cores, rebuilds the files, then
 #       alternates `llama-bench -t 2 -p 512 -n 64 -r 1` and `ferrum bench -t 2
 #       -p 512 -n 64 -r 1 --batch 8` per model (order swapped each round)
-#       until BUDGET seconds (one round at least); medians and paired ratios in $OUT/summary.txt
+#       until BUDGET seconds (one round at least); medians and paired
+#       ratios in $OUT/summary.txt
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 C=$PWD/.cpu-side
@@ -74,8 +75,7 @@ run() {
   while ((r == 0 || $(date +%s) - T0 < BUDGET)); do
     for m in "$C"/*.head; do
       m=$(basename "$m" .head)
-      if ((r % 2)); then fer "$m" $r; else llama "$m" $r; fi
-      if ((r % 2)); then llama "$m" $r; else fer "$m" $r; fi
+      if ((r % 2)); then fer "$m" $r && llama "$m" $r; else llama "$m" $r && fer "$m" $r; fi
     done | tee -a "$R/rounds.txt"
     r=$((r + 1))
   done
