@@ -26,21 +26,30 @@ use crate::Shared;
 
 /// Reads the whole body within the read timeout and the size limit, so a
 /// client that stalls mid-upload is answered 408 instead of holding the
-/// request open.
+/// request open. A body whose declared length is over the limit is refused
+/// before any of it is read.
 pub async fn read_body(State(s): State<Shared>, req: Request, next: Next) -> Response {
     let (parts, body) = req.into_parts();
     let limit = s.cfg.max_body_bytes;
     let timeout = s.cfg.read_timeout;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than {limit} bytes"),
+            None,
+        )
+        .into_response()
+    };
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return too_large();
+    }
     let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(b)) => b,
-        Ok(Err(_)) => {
-            return ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("the request body is larger than {limit} bytes"),
-                None,
-            )
-            .into_response()
-        }
+        Ok(Err(_)) => return too_large(),
         Err(_) => {
             return ApiError::new(
                 StatusCode::REQUEST_TIMEOUT,
