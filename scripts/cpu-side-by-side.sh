@@ -15,7 +15,8 @@
 #       alternates `llama-bench -t 2 -p 512 -n 64 -r 1` and `ferrum bench -t 2
 #       -p 512 -n 64 -r 1 --batch 8` per model (order swapped each round)
 #       until BUDGET seconds (one round at least); medians and paired
-#       ratios in $OUT/summary.txt
+#       ratios in $OUT/summary.txt, then one `ferrum bench --profile` run per
+#       model (tg and batch 8 by op) in $OUT/profile-MODEL.txt
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 C=$PWD/.cpu-side
@@ -104,6 +105,13 @@ for model in sorted({m for m, _ in runs}):
           f" paired medians pp {med(lambda v: v['fpp'] / v['lpp']):.2f}x tg {med(lambda v: v['ftg'] / v['ltg']):.2f}x"
           f" batch8/tg {med(lambda v: v['fb'] / v['ftg']):.2f}x")
 EOF
+  # Where the time goes, after the timed rounds (the clock reads cost a
+  # little): no profiler runs there.
+  for m in "$C"/*.head; do
+    m=$(basename "$m" .head)
+    "${pin[@]}" timeout 120 "$W/ferrum" bench -m "$W/$m.gguf" -t 2 -p 0 -n 64 -r 2 --batch 8 \
+      --profile >"$R/profile-$m.txt" 2>&1
+  done
 }
 
 case "${1:-}" in

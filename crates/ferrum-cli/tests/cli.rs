@@ -320,6 +320,54 @@ fn bench_json_reports_positive_rates() {
 }
 
 #[test]
+fn bench_profile_breaks_each_test_down_by_op() {
+    let Some(m) = model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let out = ferrum(&[
+        "bench",
+        "-m",
+        &m,
+        "-t",
+        "2",
+        "-p",
+        "16",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "--batch",
+        "2",
+        "--profile",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    for test in ["pp16", "tg4", "tg4 batch 2"] {
+        let table = stdout
+            .split(&format!("\n{test}: "))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no profile of {test}: {stdout}"));
+        let gemm = table
+            .lines()
+            .find(|l| l.starts_with("| quantized GEMM |"))
+            .unwrap_or_else(|| panic!("{test}: {table}"));
+        // Each forward pass: 30 layers of QKV, output, gate+up and down
+        // projections, and the head.
+        assert!(gemm.ends_with("| 121.0 |"), "{test}: {gemm}");
+        assert!(table.contains("| outside backend ops |"), "{test}: {table}");
+        assert!(table.contains("pool thread(s) waited"), "{test}: {table}");
+    }
+    let last = stdout.lines().last().unwrap();
+    let v: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert!(v["batch_tok_s"].as_f64().unwrap() > 0.0, "{v}");
+}
+
+#[test]
 fn bench_rejects_bad_presets_and_devices() {
     for args in [
         &["bench", "--random-weights", "gpt-17"][..],

@@ -6,12 +6,13 @@
 //! buffers, then `-r` timed repetitions on a fresh KV cache. tg times `-n`
 //! single-token decodes after a one-token prefill.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use clap::Args;
 use ferrum_models::{DecoderOnlyLLM, KvManaged, KvPoolConfig, PagedLlm};
 
+use ferrum_kernels::cpu::profile::{self, Profile};
 use ferrum_kernels::GgufQuantType;
 use ferrum_models::llama::LlamaModel;
 use ferrum_types::GgmlType;
@@ -59,6 +60,11 @@ pub struct BenchArgs {
     /// Also measure B sequences decoding together (tokens/s over all of them).
     #[arg(long)]
     batch: Option<usize>,
+    /// After the results, where each test's time went: per backend op, the
+    /// rest of the driving thread, and the pool's idle threads (CPU only;
+    /// the clock reads slow the run a little).
+    #[arg(long)]
+    profile: bool,
     /// Print {"pp_tok_s","tg_tok_s","pp_std","tg_std"[,"batch","batch_tok_s","batch_std"]} as the last line.
     #[arg(long)]
     json: bool,
@@ -100,28 +106,51 @@ fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-fn pp(model: &mut dyn DecoderOnlyLLM, prompt: &[u32]) -> f64 {
-    model.reset();
-    model.prepare("bench", prompt.len());
-    let t = Instant::now();
-    model.prefill("bench", prompt);
-    prompt.len() as f64 / t.elapsed().as_secs_f64()
+/// One timed run: `tokens` over `steps` forward passes in `took`, and
+/// where the time went (empty unless `--profile`).
+struct Timed {
+    tokens: usize,
+    steps: usize,
+    took: Duration,
+    profile: Profile,
 }
 
-fn tg(model: &mut dyn DecoderOnlyLLM, n: usize, depth: usize, vocab: usize) -> f64 {
+/// Times `run` (which does `steps` forward passes for `tokens` tokens).
+fn timed(tokens: usize, steps: usize, run: impl FnOnce()) -> Timed {
+    profile::take();
+    let t = Instant::now();
+    run();
+    let took = t.elapsed();
+    Timed {
+        tokens,
+        steps,
+        took,
+        profile: profile::take(),
+    }
+}
+
+fn pp(model: &mut dyn DecoderOnlyLLM, prompt: &[u32]) -> Timed {
+    model.reset();
+    model.prepare("bench", prompt.len());
+    timed(prompt.len(), 1, || {
+        model.prefill("bench", prompt);
+    })
+}
+
+fn tg(model: &mut dyn DecoderOnlyLLM, n: usize, depth: usize, vocab: usize) -> Timed {
     model.reset();
     let ctx = depth.max(1);
     model.prepare("bench", ctx + n);
     let toks = random_tokens(ctx + n, vocab, 7);
     model.prefill("bench", &toks[..ctx]);
-    let t = Instant::now();
-    for (i, &tok) in toks[ctx..].iter().enumerate() {
-        model.decode("bench", tok, (ctx + i) as u32);
-    }
-    n as f64 / t.elapsed().as_secs_f64()
+    timed(n, n, || {
+        for (i, &tok) in toks[ctx..].iter().enumerate() {
+            model.decode("bench", tok, (ctx + i) as u32);
+        }
+    })
 }
 
-fn batched(model: &mut dyn DecoderOnlyLLM, b: usize, n: usize, vocab: usize) -> f64 {
+fn batched(model: &mut dyn DecoderOnlyLLM, b: usize, n: usize, vocab: usize) -> Timed {
     model.reset();
     let ids: Vec<String> = (0..b).map(|i| format!("bench{i}")).collect();
     let toks = random_tokens((n + 1) * b, vocab, 11);
@@ -129,22 +158,84 @@ fn batched(model: &mut dyn DecoderOnlyLLM, b: usize, n: usize, vocab: usize) -> 
         model.prepare(id, n + 1);
         model.prefill(id, &toks[i..i + 1]);
     }
-    let t = Instant::now();
-    for step in 0..n {
-        let batch: Vec<(String, u32, u32)> = ids
-            .iter()
-            .enumerate()
-            .map(|(i, id)| (id.clone(), toks[(step + 1) * b + i], (step + 1) as u32))
-            .collect();
-        model.decode_batch(&batch);
-    }
-    (b * n) as f64 / t.elapsed().as_secs_f64()
+    timed(b * n, n, || {
+        for step in 0..n {
+            let batch: Vec<(String, u32, u32)> = ids
+                .iter()
+                .enumerate()
+                .map(|(i, id)| (id.clone(), toks[(step + 1) * b + i], (step + 1) as u32))
+                .collect();
+            model.decode_batch(&batch);
+        }
+    })
 }
 
-fn measure(reps: usize, mut f: impl FnMut() -> f64) -> (f64, f64) {
+/// Tokens per second over `reps` timed runs after an untimed one: mean,
+/// sample standard deviation, and the timed runs' total for the profile.
+fn measure(reps: usize, mut f: impl FnMut() -> Timed) -> ((f64, f64), Timed) {
     f(); // warm-up
-    let xs: Vec<f64> = (0..reps).map(|_| f()).collect();
-    stats(&xs)
+    let runs: Vec<Timed> = (0..reps).map(|_| f()).collect();
+    let rates: Vec<f64> = runs
+        .iter()
+        .map(|r| r.tokens as f64 / r.took.as_secs_f64())
+        .collect();
+    let mut total = Timed {
+        tokens: 0,
+        steps: 0,
+        took: Duration::ZERO,
+        profile: Profile::default(),
+    };
+    for r in &runs {
+        total.tokens += r.tokens;
+        total.steps += r.steps;
+        total.took += r.took;
+        total.profile.add(&r.profile);
+    }
+    (stats(&rates), total)
+}
+
+/// `--profile`'s table for one test: each op's time per forward pass on
+/// the thread that drives the model, the rest of that thread's time, and
+/// how long the pool's other threads waited for work.
+fn print_profile(test: &str, t: &Timed, threads: usize) {
+    let p = &t.profile;
+    let steps = t.steps.max(1) as f64;
+    let wall = t.took.as_secs_f64();
+    let per_step = |d: Duration| d.as_secs_f64() * 1e3 / steps;
+    let share = |d: Duration| 100.0 * d.as_secs_f64() / wall;
+    println!();
+    println!(
+        "{test}: {:.3} ms per forward pass, by op",
+        wall * 1e3 / steps
+    );
+    println!("| op | ms per pass | share | calls per pass |");
+    println!("|---|---|---|---|");
+    let mut ops = p.ops.clone();
+    ops.sort_by_key(|o| std::cmp::Reverse(o.1));
+    for (name, d, calls) in ops {
+        let c = calls as f64 / steps;
+        println!(
+            "| {name} | {:.3} | {:.1}% | {c:.1} |",
+            per_step(d),
+            share(d)
+        );
+    }
+    let rest = t.took.saturating_sub(p.in_ops());
+    println!(
+        "| outside backend ops | {:.3} | {:.1}% | |",
+        per_step(rest),
+        share(rest)
+    );
+    if threads > 1 {
+        let others = wall * (threads - 1) as f64;
+        let idle = |d: Duration| 100.0 * d.as_secs_f64() / others;
+        println!(
+            "The other {} pool thread(s) waited for work {:.1}% of the time while a parallel kernel ran (uneven splits) and {:.1}% between kernels (serial code).",
+            threads - 1,
+            idle(p.idle_in_ops),
+            idle(p.idle_between),
+        );
+    }
 }
 
 /// A model of a preset's shapes with random weights in `ty` blocks.
@@ -192,6 +283,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
 fn measure_all(args: BenchArgs) -> Result<()> {
     if args.repetitions == 0 {
         bail!("-r must be at least 1");
+    }
+    if args.profile && args.device != Device::Cpu {
+        bail!("--profile times the CPU backend's ops; leave it out with --device cuda");
     }
     // Room for the batch beside the single sequence.
     let mut pool = args.kv.pool(args.device)?;
@@ -243,15 +337,19 @@ fn measure_all(args: BenchArgs) -> Result<()> {
         println!("| {name} | {threads} | {test} | {m:.2} ± {s:.2} |")
     };
     let mut json = serde_json::Map::new();
+    let mut profiles = Vec::new();
+    profile::set_enabled(args.profile);
     if args.n_prompt > 0 {
         let prompt = random_tokens(args.n_prompt, vocab, 1);
-        let r = measure(args.repetitions, || pp(&mut model, &prompt));
-        row(format!("pp{}", args.n_prompt), r);
+        let (r, t) = measure(args.repetitions, || pp(&mut model, &prompt));
+        let test = format!("pp{}", args.n_prompt);
+        row(test.clone(), r);
+        profiles.push((test, t));
         json.insert("pp_tok_s".into(), r.0.into());
         json.insert("pp_std".into(), r.1.into());
     }
     if args.n_gen > 0 {
-        let r = measure(args.repetitions, || {
+        let (r, t) = measure(args.repetitions, || {
             tg(&mut model, args.n_gen, args.depth, vocab)
         });
         let at = if args.depth > 0 {
@@ -259,17 +357,28 @@ fn measure_all(args: BenchArgs) -> Result<()> {
         } else {
             String::new()
         };
-        row(format!("tg{}{at}", args.n_gen), r);
+        let test = format!("tg{}{at}", args.n_gen);
+        row(test.clone(), r);
+        profiles.push((test, t));
         json.insert("tg_tok_s".into(), r.0.into());
         json.insert("tg_std".into(), r.1.into());
     }
     if let Some(b) = args.batch.filter(|&b| b > 0) {
         let n = args.n_gen.max(1);
-        let r = measure(args.repetitions, || batched(&mut model, b, n, vocab));
-        row(format!("tg{n} batch {b}"), r);
+        let (r, t) = measure(args.repetitions, || batched(&mut model, b, n, vocab));
+        let test = format!("tg{n} batch {b}");
+        row(test.clone(), r);
+        profiles.push((test, t));
         json.insert("batch".into(), b.into());
         json.insert("batch_tok_s".into(), r.0.into());
         json.insert("batch_std".into(), r.1.into());
+    }
+    profile::set_enabled(false);
+    if args.profile {
+        let threads = ferrum_kernels::cpu::threads();
+        for (test, t) in &profiles {
+            print_profile(test, t, threads);
+        }
     }
     model.reset();
     if args.json {

@@ -187,7 +187,14 @@ fn spin(state: &Awake) {
         }
         if asked_recently(state) {
             park_for = FIRST_PARK;
-            std::thread::yield_now();
+            if super::profile::enabled() {
+                let during_op = state.active.load(Ordering::SeqCst) > 0;
+                let t = Instant::now();
+                std::thread::yield_now();
+                super::profile::add_idle(during_op, t.elapsed());
+            } else {
+                std::thread::yield_now();
+            }
             continue;
         }
         let held = state.lock.lock().unwrap_or_else(PoisonError::into_inner);

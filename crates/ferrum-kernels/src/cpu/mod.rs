@@ -39,6 +39,7 @@ mod layout;
 mod matmul;
 mod norm;
 mod outliers;
+pub mod profile;
 mod quant_gemm;
 mod rope;
 pub(crate) mod simd;
@@ -47,6 +48,7 @@ use std::ops::{Deref, DerefMut};
 
 use ferrum_types::{FerrumError, GgmlType, Result};
 use half::f16;
+use profile::Op;
 use rayon::prelude::*;
 use simd::Elem;
 
@@ -309,6 +311,7 @@ impl Backend for CpuBackend {
         out: &mut Self::Buffer,
         m: usize,
     ) -> Result<()> {
+        let _profile = profile::span(Op::GemmQuant);
         let _awake = awake::keep_awake();
         let (n, k) = (weight.n, weight.k);
         if a.len() < m * k || out.len() < m * n {
@@ -333,6 +336,7 @@ impl Backend for CpuBackend {
         k: usize,
         kind: &QuantKind,
     ) -> Result<()> {
+        let _profile = profile::span(Op::GemmQuant);
         let _awake = awake::keep_awake();
         match kind {
             QuantKind::Gguf {
@@ -372,6 +376,7 @@ impl Backend for CpuBackend {
         n: usize,
         k: usize,
     ) {
+        let _profile = profile::span(Op::Gemm);
         let _awake = awake::keep_awake();
         matmul::gemm(a, b, out, m, n, k);
     }
@@ -385,6 +390,7 @@ impl Backend for CpuBackend {
         tokens: usize,
         dim: usize,
     ) {
+        let _profile = profile::span(Op::Norm);
         norm::rms_norm(x, w, eps, out, tokens, dim);
     }
 
@@ -398,6 +404,7 @@ impl Backend for CpuBackend {
         tokens: usize,
         dim: usize,
     ) {
+        let _profile = profile::span(Op::Norm);
         norm::fused_add_rms_norm(residual, x, w, eps, out, tokens, dim);
     }
 
@@ -413,6 +420,7 @@ impl Backend for CpuBackend {
         pos_offset: usize,
         cfg: &AttnConfig,
     ) {
+        let _profile = profile::span(Op::Attention);
         let _awake = awake::keep_awake();
         attention::flash_attention(q, k, v, out, batch, q_len, kv_len, pos_offset, cfg);
     }
@@ -436,6 +444,7 @@ impl Backend for CpuBackend {
         pos_offset: usize,
         cfg: &AttnConfig,
     ) {
+        let _profile = profile::span(Op::Attention);
         let seg = AttnSegment {
             pages: *pages,
             offset: 0,
@@ -457,6 +466,7 @@ impl Backend for CpuBackend {
         out: &mut Self::Buffer,
         cfg: &AttnConfig,
     ) {
+        let _profile = profile::span(Op::Attention);
         let _awake = awake::keep_awake();
         match (k_pool.is_f16(), v_pool.is_f16()) {
             (false, false) => {
@@ -482,6 +492,7 @@ impl Backend for CpuBackend {
         nkv: usize,
         hd: usize,
     ) {
+        let _profile = profile::span(Op::KvAppend);
         let (new_k, new_v) = (&new_k_head_major[..], &new_v_head_major[..]);
         let rows = (pages, pos, new_tokens, nkv, hd);
         match (k_pool.is_f16(), v_pool.is_f16()) {
@@ -502,6 +513,7 @@ impl Backend for CpuBackend {
         dst_offset: usize,
         len: usize,
     ) {
+        let _profile = profile::span(Op::Copy);
         let (s, d) = (src_offset..src_offset + len, dst_offset..dst_offset + len);
         match (src.is_f16(), dst.is_f16()) {
             (false, false) => dst[d].copy_from_slice(&src[s]),
@@ -518,6 +530,7 @@ impl Backend for CpuBackend {
         out: &mut Self::Buffer,
         dim: usize,
     ) {
+        let _profile = profile::span(Op::Embedding);
         layout::embedding_lookup(table, ids, out, dim);
     }
 
@@ -531,6 +544,7 @@ impl Backend for CpuBackend {
         q_dim: usize,
         kv_dim: usize,
     ) {
+        let _profile = profile::span(Op::Copy);
         layout::split_qkv(qkv, q, k, v, tokens, q_dim, kv_dim);
     }
 
@@ -541,6 +555,7 @@ impl Backend for CpuBackend {
         tokens: usize,
         im: usize,
     ) {
+        let _profile = profile::span(Op::Activation);
         activation::fused_silu_mul_split(gate_up, out, tokens, im);
     }
 
@@ -551,6 +566,7 @@ impl Backend for CpuBackend {
         tokens: usize,
         im: usize,
     ) {
+        let _profile = profile::span(Op::Activation);
         activation::fused_gelu_tanh_mul_split(gate_up, out, tokens, im);
     }
 
@@ -568,6 +584,7 @@ impl Backend for CpuBackend {
         eps: f32,
         mode: QkMode,
     ) {
+        let _profile = profile::span(Op::QkNormRope);
         rope::qk_norm_rope(
             input, norm_w, cos, sin, output, tokens, heads, head_dim, pos_offset, eps, mode,
         );
@@ -585,6 +602,7 @@ impl Backend for CpuBackend {
         nkv: usize,
         hd: usize,
     ) {
+        let _profile = profile::span(Op::KvAppend);
         layout::kv_cache_append_head_major(
             cache_k,
             cache_v,
@@ -606,6 +624,7 @@ impl Backend for CpuBackend {
         heads: usize,
         dim: usize,
     ) {
+        let _profile = profile::span(Op::Copy);
         layout::transpose_head_to_token(src, dst, tokens, heads, dim);
     }
 
@@ -615,6 +634,7 @@ impl Backend for CpuBackend {
         x: &Self::Buffer,
         len: usize,
     ) {
+        let _profile = profile::span(Op::Activation);
         activation::add_inplace(residual, x, len);
     }
 
@@ -626,6 +646,7 @@ impl Backend for CpuBackend {
         dst: &mut Self::Buffer,
         dim: usize,
     ) {
+        let _profile = profile::span(Op::Activation);
         activation::scale_add_rows(src, rows, weights, dst, dim);
     }
 
@@ -636,6 +657,7 @@ impl Backend for CpuBackend {
         rows: usize,
         cols: usize,
     ) {
+        let _profile = profile::span(Op::Activation);
         activation::add_bias(data, bias, rows, cols);
     }
 
@@ -649,10 +671,12 @@ impl Backend for CpuBackend {
         tokens: usize,
         dim: usize,
     ) {
+        let _profile = profile::span(Op::Norm);
         norm::layer_norm(x, gamma, beta, eps, out, tokens, dim);
     }
 
     fn gelu(_ctx: &mut Self::Context, x: &Self::Buffer, out: &mut Self::Buffer, len: usize) {
+        let _profile = profile::span(Op::Activation);
         activation::gelu(x, out, len);
     }
 
@@ -681,10 +705,12 @@ impl Backend for CpuBackend {
     }
 
     fn read_into(buf: &Self::Buffer, out: &mut [f32]) {
+        let _profile = profile::span(Op::Copy);
         copy_par(&buf[..out.len()], out);
     }
 
     fn write_from(_ctx: &mut Self::Context, data: &[f32], dst: &mut Self::Buffer, offset: usize) {
+        let _profile = profile::span(Op::Copy);
         dst[offset..offset + data.len()].copy_from_slice(data);
     }
 

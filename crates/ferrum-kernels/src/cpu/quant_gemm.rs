@@ -18,6 +18,7 @@ use rayon::prelude::*;
 
 use super::act_quant::ActRows;
 use super::matmul::{blocked, multi_dot, ROWS_PER_TASK, STREAMING_MAX_M};
+use super::profile::{self, Op};
 use super::SyncPtr;
 use super::{interleaved, kquant_rows, CpuDtype};
 use crate::quant::dequantize;
@@ -104,17 +105,21 @@ pub(crate) fn gemm_gguf(
     if repacked && interleaved::supports(ty) {
         let act8 = int8_activations && interleaved::takes_act8(ty);
         with_scratch(&ACT, |act| {
+            let quantizing = profile::phase(Op::ActQuant);
             if act8 {
                 act.quantize8(a, m, k, false);
             } else {
                 act.quantize(a, m, k, 32);
             }
+            drop(quantizing);
             interleaved::gemm(act, w, ty, out, m, n);
         });
         Ok(())
     } else if repacked && kquant_rows::supports(ty) {
         with_scratch(&ACT, |act| {
+            let quantizing = profile::phase(Op::ActQuant);
             kquant_rows::quantize(act, a, m, k, int8_activations);
+            drop(quantizing);
             kquant_rows::gemm(act, w, ty, out, m, n);
         });
         Ok(())
