@@ -351,9 +351,16 @@ pub(crate) struct Tiles {
 /// inline, not handed to the pool.
 const PAR_TILES: usize = 4;
 
+/// Spans per parallel task where fewer than [`PAR_TILES`] tiles are filled
+/// (a decode batch's one tile): the copy was serial, and with eight rows
+/// it took 3% of a Qwen2.5-Coder-1.5B batch-8 step while the other
+/// threads waited (`ferrum bench --profile`).
+const FILL_SPANS: usize = 32;
+
 impl Tiles {
     /// Re-fills the tiles from `act`'s row-major 8-bit values (`m` rows of
-    /// `k`), in parallel from [`PAR_TILES`] tiles up.
+    /// `k`): in parallel by tiles from [`PAR_TILES`] tiles up, else (but for
+    /// one row) each tile by [`FILL_SPANS`] spans.
     fn fill(
         &mut self,
         act_q8: &[i8],
@@ -370,6 +377,42 @@ impl Tiles {
         self.d.resize(tiles * rows * spans, 0.0);
         self.s.resize(tiles * rows * spans, 0.0);
         self.offsets.resize(tiles * rows * spans * 2, 0);
+        let per_task = if tiles >= PAR_TILES {
+            spans
+        } else {
+            FILL_SPANS
+        };
+        // Spans `t0..` of tile `i`: `q`, `d`, `s` and `offsets` are theirs.
+        let fill_spans = |i: usize,
+                          t0: usize,
+                          q: &mut [i8],
+                          d: &mut [f32],
+                          s: &mut [f32],
+                          offsets: &mut [i32]| {
+            let n = d.len() / rows;
+            for c in 0..rows.min(m - i * rows) {
+                let r = i * rows + c;
+                let row = &act_q8[r * k + 32 * t0..][..32 * n];
+                for (t, values) in row.chunks_exact(32).enumerate() {
+                    let at = t * rows + c;
+                    q[at * 32..][..32].copy_from_slice(values);
+                    d[at] = act_d[r * stride + t0 + t];
+                    s[at] = act_s[r * stride + t0 + t];
+                    for (h, half) in values.chunks_exact(16).enumerate() {
+                        let sum: i32 = half.iter().map(|&v| i32::from(v)).sum();
+                        offsets[(2 * t + h) * rows + c] = -32 * sum;
+                    }
+                }
+            }
+        };
+        let fill_tile = |(i, (((q, d), s), offsets)): TileMut<'_>| {
+            q.par_chunks_mut(rows * 32 * per_task)
+                .zip(d.par_chunks_mut(rows * per_task))
+                .zip(s.par_chunks_mut(rows * per_task))
+                .zip(offsets.par_chunks_mut(rows * per_task * 2))
+                .enumerate()
+                .for_each(|(j, (((q, d), s), o))| fill_spans(i, j * per_task, q, d, s, o));
+        };
         self.q
             .par_chunks_mut(rows * k)
             .zip(self.d.par_chunks_mut(rows * spans))
@@ -378,24 +421,18 @@ impl Tiles {
             .take(tiles)
             .with_min_len(PAR_TILES)
             .enumerate()
-            .for_each(|(i, (((q, d), s), offsets))| {
-                for c in 0..rows.min(m - i * rows) {
-                    let r = i * rows + c;
-                    let row = &act_q8[r * k..][..k];
-                    for (t, values) in row.chunks_exact(32).enumerate() {
-                        let at = t * rows + c;
-                        q[at * 32..][..32].copy_from_slice(values);
-                        d[at] = act_d[r * stride + t];
-                        s[at] = act_s[r * stride + t];
-                        for (h, half) in values.chunks_exact(16).enumerate() {
-                            let sum: i32 = half.iter().map(|&v| i32::from(v)).sum();
-                            offsets[(2 * t + h) * rows + c] = -32 * sum;
-                        }
-                    }
-                }
-            });
+            .for_each(fill_tile);
     }
 }
+
+/// One tile's buffers and its index, as [`Tiles::fill`] hands them out.
+type TileMut<'a> = (
+    usize,
+    (
+        ((&'a mut [i8], &'a mut [f32]), &'a mut [f32]),
+        &'a mut [i32],
+    ),
+);
 
 /// Quantizes `a` (`[m, k]`) for these kernels: 8-bit values with their
 /// outliers indexed, in [`Tiles`], or 16-bit values in runs of four
@@ -655,6 +692,45 @@ mod tests {
     /// Every value read back from the grouped layout equals the file
     /// block's dequantized value, for a row count that leaves a partial
     /// last group.
+    /// Tiles hold every row's values, scales and half sums where the
+    /// kernels read them, whether filled whole, by tiles in parallel or
+    /// by pieces of spans (widths with a partial last piece too).
+    #[test]
+    fn tiles_place_every_row_as_laid_out() {
+        use super::{Tiles, ACT_ROWS};
+        use rand::{rngs::StdRng, Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(9);
+        for k in [512, 1280, 2048] {
+            for m in [1, 3, 8, 20, 33] {
+                let (spans, stride) = (k / 32, k / 32 + 3);
+                let q8: Vec<i8> = (0..m * k).map(|_| rng.random_range(-127..=127)).collect();
+                let d: Vec<f32> = (0..m * stride).map(|_| rng.random()).collect();
+                let s: Vec<f32> = (0..m * stride).map(|_| rng.random()).collect();
+                let mut t = Tiles::default();
+                t.fill(&q8, &d, &s, stride, m, k);
+                let rows = if m == 1 { 1 } else { ACT_ROWS };
+                assert_eq!(t.rows, rows);
+                for r in 0..m {
+                    let (tile, c) = (r / rows, r % rows);
+                    for span in 0..spans {
+                        let at = tile * rows * spans + span * rows + c;
+                        let values = &q8[r * k + 32 * span..][..32];
+                        let what = format!("k {k} m {m} row {r} span {span}");
+                        assert_eq!(&t.q[32 * at..][..32], values, "{what}");
+                        assert_eq!(t.d[at], d[r * stride + span], "{what}");
+                        assert_eq!(t.s[at], s[r * stride + span], "{what}");
+                        for h in 0..2 {
+                            let sum: i32 =
+                                values[16 * h..][..16].iter().map(|&v| i32::from(v)).sum();
+                            let o = tile * rows * spans * 2 + (2 * span + h) * rows + c;
+                            assert_eq!(t.offsets[o], -32 * sum, "{what} half {h}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn grouping_keeps_every_value() {
         for (seed, ty) in TYPES.into_iter().enumerate() {
