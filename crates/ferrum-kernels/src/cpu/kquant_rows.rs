@@ -377,7 +377,8 @@ impl Tiles {
         self.d.resize(tiles * rows * spans, 0.0);
         self.s.resize(tiles * rows * spans, 0.0);
         self.offsets.resize(tiles * rows * spans * 2, 0);
-        let per_task = if tiles >= PAR_TILES {
+        // A lone row (one sequence's decode) is a short copy: inline.
+        let per_task = if tiles >= PAR_TILES || m == 1 {
             spans
         } else {
             FILL_SPANS
@@ -689,9 +690,6 @@ mod tests {
         GgmlType::Q6_K,
     ];
 
-    /// Every value read back from the grouped layout equals the file
-    /// block's dequantized value, for a row count that leaves a partial
-    /// last group.
     /// Tiles hold every row's values, scales and half sums where the
     /// kernels read them, whether filled whole, by tiles in parallel or
     /// by pieces of spans (widths with a partial last piece too).
@@ -731,6 +729,9 @@ mod tests {
         }
     }
 
+    /// Every value read back from the grouped layout equals the file
+    /// block's dequantized value, for a row count that leaves a partial
+    /// last group.
     #[test]
     fn grouping_keeps_every_value() {
         for (seed, ty) in TYPES.into_iter().enumerate() {
