@@ -748,6 +748,49 @@ pub trait Backend: Send + Sync + Sized + 'static {
         );
     }
 
+    /// Whether [`Backend::decode_rows_qkv`] is a kernel of its own; models
+    /// then use it (with [`Backend::paged_attention_segments`]) for decode
+    /// batches. Without one they prepare each sequence's rows themselves,
+    /// which saves the default's copies.
+    const ROW_QKV: bool = false;
+
+    /// Q, K and V of a decode batch (one new token per sequence) prepared
+    /// in one call: what `qk_norm_rope` and `paged_kv_append` do per
+    /// sequence. Segment `s`'s token is row `r = s.offset / (nh · hd)` of
+    /// the token-major `q` (`[rows, nh · hd]`), `k` and `v` (`[rows, nkv ·
+    /// hd]`), at position `s.pos_offset` (`q_len` must be 1). Its Q goes
+    /// through `mode` (with `norms[0]`) into `q_out` at `s.offset` (one
+    /// token's head-major rows are its row), its K through `mode` (with
+    /// `norms[1]`) and its V unchanged into its pages at that position.
+    ///
+    /// Why one call: per sequence and layer this was nine small calls
+    /// (three copies out of the batch, three `qk_norm_rope`, one append,
+    /// two copies around attention); SmolLM2's batch of 8 made 2,160 of
+    /// them a step. One call a layer leaves the rotations and the pool
+    /// writes and drops the copies and the calls' own cost (about 2% of
+    /// that step on a Zen 4, `ferrum bench --profile`); on a backend that
+    /// launches a kernel per call, it is 30 launches instead of 2,160.
+    /// The default is those per-sequence calls, through temporaries.
+    #[allow(clippy::too_many_arguments)]
+    fn decode_rows_qkv(
+        ctx: &mut Self::Context,
+        qkv: [&Self::Buffer; 3],
+        norms: [&Self::Buffer; 2],
+        cos: &Self::Buffer,
+        sin: &Self::Buffer,
+        q_out: &mut Self::Buffer,
+        k_pool: &mut Self::Buffer,
+        v_pool: &mut Self::Buffer,
+        segs: &[AttnSegment],
+        cfg: &AttnConfig,
+        eps: f32,
+        mode: QkMode,
+    ) {
+        crate::paged::rows_by_parts::<Self>(
+            ctx, qkv, norms, cos, sin, q_out, k_pool, v_pool, segs, cfg, eps, mode,
+        );
+    }
+
     /// `[heads, tokens, dim]` → `[tokens, heads, dim]`, to bring attention
     /// output back to token-major for the output projection.
     fn transpose_head_to_token(

@@ -1,9 +1,10 @@
 //! Paged-KV ops built from other [`Backend`] ops: the default path of
-//! [`Backend::paged_attention`] and [`Backend::paged_kv_append`] on
+//! [`Backend::paged_attention`], [`Backend::paged_kv_append`] and
+//! [`Backend::decode_rows_qkv`] on
 //! backends without dedicated kernels, and the reference the dedicated
 //! kernels are tested against.
 
-use crate::{AttnConfig, Backend, PagedKv};
+use crate::{AttnConfig, AttnSegment, Backend, PagedKv, QkMode};
 
 /// Gathers keys/values `0..kv_len` into contiguous head-major buffers and
 /// runs [`Backend::flash_attention`] on them.
@@ -66,5 +67,40 @@ pub fn copy_append<B: Backend>(
             B::copy_slice(ctx, new_v, src, v_pool, dst, run * hd);
             t += run;
         }
+    }
+}
+
+/// [`Backend::decode_rows_qkv`] as per-sequence `qk_norm_rope` and
+/// `paged_kv_append` calls on one-token temporaries.
+#[allow(clippy::too_many_arguments)]
+pub fn rows_by_parts<B: Backend>(
+    ctx: &mut B::Context,
+    [q, k, v]: [&B::Buffer; 3],
+    [q_norm, k_norm]: [&B::Buffer; 2],
+    cos: &B::Buffer,
+    sin: &B::Buffer,
+    q_out: &mut B::Buffer,
+    k_pool: &mut B::Buffer,
+    v_pool: &mut B::Buffer,
+    segs: &[AttnSegment],
+    cfg: &AttnConfig,
+    eps: f32,
+    mode: QkMode,
+) {
+    let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    let (qd, kvd) = (nh * hd, nkv * hd);
+    let (mut x, mut y) = (B::alloc(qd.max(kvd)), B::alloc(qd));
+    let (mut kh, mut vh) = (B::alloc(kvd), B::alloc(kvd));
+    for s in segs {
+        assert_eq!(s.q_len, 1, "decode_rows_qkv: one token per sequence");
+        let (r, p) = (s.offset / qd, s.pos_offset);
+        B::copy_slice(ctx, q, r * qd, &mut x, 0, qd);
+        B::qk_norm_rope(ctx, &x, q_norm, cos, sin, &mut y, 1, nh, hd, p, eps, mode);
+        B::copy_slice(ctx, &y, 0, q_out, s.offset, qd);
+        B::copy_slice(ctx, k, r * kvd, &mut x, 0, kvd);
+        B::qk_norm_rope(ctx, &x, k_norm, cos, sin, &mut kh, 1, nkv, hd, p, eps, mode);
+        // One token's V is already head-major.
+        B::copy_slice(ctx, v, r * kvd, &mut vh, 0, kvd);
+        B::paged_kv_append(ctx, k_pool, v_pool, &s.pages, p, &kh, &vh, 1, nkv, hd);
     }
 }

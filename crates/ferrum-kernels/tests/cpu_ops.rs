@@ -12,8 +12,8 @@
 #![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
 
 use ferrum_kernels::{
-    copy_append, gather_attention, AttnConfig, AttnSegment, Backend, CpuBackend, KvCache, KvDtype,
-    PagedKv, QkMode, QuantKind, QuantWeights, ReduceOp,
+    copy_append, gather_attention, rows_by_parts, AttnConfig, AttnSegment, Backend, CpuBackend,
+    KvCache, KvDtype, PagedKv, QkMode, QuantKind, QuantWeights, ReduceOp,
 };
 use half::f16;
 use proptest::prelude::*;
@@ -748,6 +748,108 @@ fn qk_norm_rope_all_modes() {
             assert_close(&format!("qk_norm_rope {mode:?}"), &out, &want, |i| {
                 2e-6 * (1.0 + want[i].abs())
             });
+        }
+    }
+}
+
+/// The CPU's one-call decode-batch preparation writes the same bits as
+/// the per-sequence ops it replaces (`rows_by_parts`, the default), into
+/// pools of either type: each segment's row found from its offset (given
+/// out of order here), its position's RoPE row and its own pages, and
+/// nothing else touched.
+#[test]
+fn decode_rows_qkv_equals_per_sequence_ops() {
+    let mut rng = StdRng::seed_from_u64(31);
+    for &(nkv, group, hd, bs) in &[(2, 3, 32, 4), (3, 3, 64, 16), (1, 4, 256, 1)] {
+        let cfg = causal_cfg(nkv, group, hd, 0);
+        let (qd, kvd) = (nkv * group * hd, nkv * hd);
+        let rows = 5;
+        let positions: Vec<usize> = (0..rows).map(|_| rng.random_range(0..40)).collect();
+        let per_seq = 40usize.div_ceil(bs);
+        let ids = shuffled_ids(rows * per_seq + 2, &mut rng);
+        let tables: Vec<&[u32]> = ids.chunks_exact(per_seq).take(rows).collect();
+        let (cos, sin) = rope_tables(41, hd, 10000.0);
+        let (q, k, v) = (
+            rand_vec(&mut rng, rows * qd),
+            rand_vec(&mut rng, rows * kvd),
+            rand_vec(&mut rng, rows * kvd),
+        );
+        let norms = (rand_vec(&mut rng, hd), rand_vec(&mut rng, hd));
+        let segs: Vec<AttnSegment> = [3, 0, 4, 1, 2]
+            .iter()
+            .map(|&r: &usize| AttnSegment {
+                pages: PagedKv {
+                    block_table: tables[r],
+                    block_size: bs,
+                },
+                offset: r * qd,
+                q_len: 1,
+                kv_len: positions[r] + 1,
+                pos_offset: positions[r],
+            })
+            .collect();
+        let pool = ids.len() * bs * kvd;
+        for dtype in [KvDtype::F32, KvDtype::F16] {
+            for mode in [QkMode::NormRope, QkMode::Rope] {
+                let start = (
+                    rand_vec(&mut rng, rows * qd),
+                    rand_vec(&mut rng, pool),
+                    rand_vec(&mut rng, pool),
+                );
+                let fresh = || {
+                    let (mut kp, mut vp) = (B::alloc_kv(pool, dtype), B::alloc_kv(pool, dtype));
+                    B::copy_slice(&mut (), &buf(&start.1), 0, &mut kp, 0, pool);
+                    B::copy_slice(&mut (), &buf(&start.2), 0, &mut vp, 0, pool);
+                    (buf(&start.0), kp, vp)
+                };
+                let ((mut qa, mut ka, mut va), (mut qb, mut kb, mut vb)) = (fresh(), fresh());
+                let (qkv, nw) = (
+                    [&buf(&q), &buf(&k), &buf(&v)],
+                    [&buf(&norms.0), &buf(&norms.1)],
+                );
+                let (c, s) = (buf(&cos), buf(&sin));
+                B::decode_rows_qkv(
+                    &mut (),
+                    qkv,
+                    nw,
+                    &c,
+                    &s,
+                    &mut qa,
+                    &mut ka,
+                    &mut va,
+                    &segs,
+                    &cfg,
+                    1e-6,
+                    mode,
+                );
+                rows_by_parts::<B>(
+                    &mut (),
+                    qkv,
+                    nw,
+                    &c,
+                    &s,
+                    &mut qb,
+                    &mut kb,
+                    &mut vb,
+                    &segs,
+                    &cfg,
+                    1e-6,
+                    mode,
+                );
+                let what = format!("{dtype} {mode:?} kv{nkv}x{group} hd{hd}");
+                assert!(qa[..] == qb[..], "{what}: Q");
+                // Read back through copy_slice, which widens f16 pools.
+                let wide = |p: &<B as Backend>::Buffer| {
+                    let mut w = B::alloc(pool);
+                    B::copy_slice(&mut (), p, 0, &mut w, 0, pool);
+                    B::to_vec(&w, pool)
+                };
+                let (ka, kb, va, vb) = (wide(&ka), wide(&kb), wide(&va), wide(&vb));
+                assert!(ka == kb && va == vb, "{what}: pools");
+                // The rows were written (the start held other values).
+                let at = segs[0].pages.offset(segs[0].pos_offset, 0, nkv, hd);
+                assert_ne!(ka[at..at + hd], start.1[at..at + hd], "{what}: K row");
+            }
         }
     }
 }

@@ -505,6 +505,37 @@ impl Backend for CpuBackend {
         }
     }
 
+    const ROW_QKV: bool = true;
+
+    fn decode_rows_qkv(
+        _ctx: &mut Self::Context,
+        [q, k, v]: [&Self::Buffer; 3],
+        [q_norm, k_norm]: [&Self::Buffer; 2],
+        cos: &Self::Buffer,
+        sin: &Self::Buffer,
+        q_out: &mut Self::Buffer,
+        k_pool: &mut Self::Buffer,
+        v_pool: &mut Self::Buffer,
+        segs: &[AttnSegment],
+        cfg: &AttnConfig,
+        eps: f32,
+        mode: QkMode,
+    ) {
+        let _profile = profile::span(Op::QkNormRope);
+        let (qkv, norms) = ([&q[..], &k[..], &v[..]], [&q_norm[..], &k_norm[..]]);
+        let tables = (&cos[..], &sin[..]);
+        match (k_pool.is_f16(), v_pool.is_f16()) {
+            (false, false) => rope::decode_rows(
+                qkv, norms, tables, q_out, k_pool, v_pool, segs, cfg, eps, mode,
+            ),
+            (true, true) => {
+                let (kp, vp) = (k_pool.halves_mut(), v_pool.halves_mut());
+                rope::decode_rows(qkv, norms, tables, q_out, kp, vp, segs, cfg, eps, mode)
+            }
+            _ => panic!("decode_rows_qkv: K and V pools of different dtypes"),
+        }
+    }
+
     fn copy_slice(
         _ctx: &mut Self::Context,
         src: &Self::Buffer,

@@ -405,6 +405,47 @@ impl<B: Backend> LlamaModel<B> {
             sliding_window: if sliding { c.sliding_window } else { 0 },
             softcap: c.attn_softcap.unwrap_or(0.0),
         };
+        let qn = lw.q_norm.as_ref().unwrap_or(empty);
+        let kn = lw.k_norm.as_ref().unwrap_or(empty);
+        // A decode batch (one token per sequence) in two calls per chunk of
+        // ATTN_CHUNK sequences where the backend has kernels for them: one
+        // token's head-major rows are its token-major row, so nothing is
+        // copied in or out.
+        let decode_rows = B::ROW_QKV && B::SEGMENTED_ATTENTION && segs.len() > 1;
+        if decode_rows && segs.iter().all(|s| s.tokens.len() == 1) {
+            for (c, part) in segs.chunks(ATTN_CHUNK).enumerate() {
+                let mut chunk = [NO_SEGMENT; ATTN_CHUNK];
+                for (i, (seg, at)) in part.iter().zip(&mut chunk).enumerate() {
+                    *at = AttnSegment {
+                        pages: kv.pages(seg.block_table),
+                        offset: (c * ATTN_CHUNK + i) * qd,
+                        q_len: 1,
+                        kv_len: seg.pos + 1,
+                        pos_offset: seg.pos,
+                    };
+                }
+                let chunk = &chunk[..part.len()];
+                let (kp, vp) = (&mut kv.k[l], &mut kv.v[l]);
+                let (qkv, norms) = ([&s.q, &s.k, &s.v], [qn, kn]);
+                B::decode_rows_qkv(
+                    ctx,
+                    qkv,
+                    norms,
+                    cos,
+                    sin,
+                    &mut s.heads_q,
+                    kp,
+                    vp,
+                    chunk,
+                    &attn_cfg,
+                    eps,
+                    mode,
+                );
+                let (kp, vp) = (&kv.k[l], &kv.v[l]);
+                B::paged_attention_segments(ctx, &s.heads_q, kp, vp, chunk, &mut s.attn, &attn_cfg);
+            }
+            return self.attention_out(ctx, l, rows, qd);
+        }
         // Several sequences' attention goes to the backend in one call
         // where it has a kernel for that (chunks of ATTN_CHUNK on the
         // stack: no allocation).
@@ -430,8 +471,6 @@ impl<B: Backend> LlamaModel<B> {
             } else {
                 (&s.seg_q, &s.seg_k, &s.seg_v)
             };
-            let qn = lw.q_norm.as_ref().unwrap_or(empty);
-            let kn = lw.k_norm.as_ref().unwrap_or(empty);
             B::qk_norm_rope(
                 ctx,
                 q_in,
