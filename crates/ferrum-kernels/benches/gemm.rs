@@ -77,13 +77,14 @@ fn bench_gemm_quant(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(1));
     let mut rng = StdRng::seed_from_u64(1);
     // Qwen2.5-0.5B Q4_K_M: gate/up (k = 896, legacy types as 896 is not a
-    // multiple of 256) and down (k = 4,864, k-quants); Q4_1 also with
-    // 8-bit activations (`int8_activations`, where this CPU takes them).
+    // multiple of 256) and down (k = 4,864, k-quants); Q4_1 and Q8_0 also
+    // with 8-bit activations (`int8_activations`, where this CPU takes them).
     for (t, n, k, int8_activations) in [
         (Q4_1, 4864, 896, false),
         (Q4_1, 4864, 896, true),
         (Q5_0, 4864, 896, false),
         (Q8_0, 4864, 896, false),
+        (Q8_0, 4864, 896, true),
         (Q2K, 896, 4864, true),
         (Q3K, 896, 4864, true),
         (Q4K, 896, 4864, false),
@@ -151,7 +152,13 @@ fn bench_decode_from_memory(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(2));
     let mut rng = StdRng::seed_from_u64(2);
     let (n, k, copies) = (8960, 1536, 8);
-    for (t, int8_activations) in [(Q4K, true), (Q6K, true), (Q6K, false)] {
+    for (t, int8_activations) in [
+        (Q4K, true),
+        (Q6K, true),
+        (Q6K, false),
+        (Q8_0, true),
+        (Q8_0, false),
+    ] {
         let bytes = random_blocks(&mut rng, t, n, k);
         let qws: Vec<_> = (0..copies)
             .map(|_| CpuBackend::load_gguf(&bytes, t, n, k).unwrap_or_else(|e| panic!("{e}")))

@@ -56,6 +56,8 @@ use rayon::prelude::*;
 
 use super::act_quant::ActRows;
 use super::SyncPtr;
+#[cfg(not(target_arch = "x86_64"))]
+use super::{act_quant::Outlier, outliers::f16_at};
 
 #[cfg(target_arch = "aarch64")]
 #[path = "arm/interleaved.rs"]
@@ -140,8 +142,15 @@ pub(crate) fn supports(ty: GgmlType) -> bool {
 /// (see `quant_gemm::gemm_gguf`), through `PMADDUBSW` on AVX2 and
 /// `VPDPBUSD` with AVX-512 VNNI (twice the multiplies per instruction of
 /// 16-bit `VPDPWSSD`), and `SDOT` on Arm.
+///
+/// And Q8_0 (the language-model head of most GGUF files): through
+/// `VPDPBUSD` with AVX-512 VNNI, its signed values made unsigned by +128
+/// and the offset taken back off with the activations' integer sums;
+/// elsewhere the 8-bit values widened to 16 bits (`ActRows::widen8`) go
+/// through the 16-bit kernels. Both give the exact `Σ w·q`, so the same
+/// bits on every CPU.
 pub(crate) fn takes_act8(ty: GgmlType) -> bool {
-    ty == GgmlType::Q4_1 && supports(ty)
+    matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0) && supports(ty)
 }
 
 fn legacy(ty: GgmlType) -> bool {
@@ -316,7 +325,7 @@ fn group_task(
             dot_group(ty, gw, act, r0, rows, &mut res);
             if act.a8 {
                 for (c, res) in res[..rows].iter_mut().enumerate() {
-                    add_outliers(gw, act, r0 + c, res);
+                    add_outliers(ty, gw, act, r0 + c, res);
                 }
             }
             for (c, res) in res[..rows].iter().enumerate() {
@@ -354,9 +363,10 @@ fn dot_group(
     let values = if act.a8 { act.q8.len() } else { act.qs.len() };
     assert!(values >= (r0 + m) * act.k && act.d.len() >= (r0 + m) * act.stride);
     assert!(
-        !act.a8 || ty == GgmlType::Q4_1,
-        "8-bit activations are for Q4_1 only"
+        !act.a8 || takes_act8(ty),
+        "8-bit activations are for Q4_1 and Q8_0 only"
     );
+    let q41_a8 = act.a8 && ty == GgmlType::Q4_1;
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `supports` checked AVX2/FMA/F16C (and `has_vnni` or
     // `has_avx_vnni` the VNNI kernels' features); the extents asserted
@@ -364,7 +374,7 @@ fn dot_group(
     unsafe {
         if super::features::has_vnni() {
             x86::dot_group_avx512(ty, gw.as_ptr(), nb, act, r0, m, out)
-        } else if act.a8 && super::features::has_avx_vnni() {
+        } else if q41_a8 && super::features::has_avx_vnni() {
             x86::dot_group_a8_avx_vnni(gw.as_ptr(), nb, act, r0, m, out)
         } else {
             x86::dot_group_avx2(ty, gw.as_ptr(), nb, act, r0, m, out)
@@ -375,9 +385,9 @@ fn dot_group(
     // `SDOT` and `SMMLA` kernels' features); the extents asserted above
     // are what they read.
     unsafe {
-        if act.a8 && super::features::has_i8mm() && super::features::has_dotprod() {
+        if q41_a8 && super::features::has_i8mm() && super::features::has_dotprod() {
             arm::dot_group_a8_i8mm(gw.as_ptr(), nb, act, r0, m, out)
-        } else if act.a8 && super::features::has_dotprod() {
+        } else if q41_a8 && super::features::has_dotprod() {
             arm::dot_group_a8_dotprod(gw.as_ptr(), nb, act, r0, m, out)
         } else {
             arm::dot_group_neon(ty, gw.as_ptr(), nb, act, r0, m, out)
@@ -391,13 +401,29 @@ fn dot_group(
 }
 
 /// Adds row `r`'s 8-bit outliers ([`ActRows::row_outliers`]) against the
-/// group's Q4_1 weights `gw` to `out`.
-fn add_outliers(gw: &[u8], act: &ActRows, r: usize, out: &mut [f32; ROWS]) {
+/// group's Q4_1 or Q8_0 weights `gw` to `out`.
+fn add_outliers(ty: GgmlType, gw: &[u8], act: &ActRows, r: usize, out: &mut [f32; ROWS]) {
     let outliers = act.row_outliers(r);
     if outliers.is_empty() {
         return;
     }
-    assert!(gw.len() == act.k / 32 * group_bytes(GgmlType::Q4_1));
+    assert!(gw.len() == act.k / 32 * group_bytes(ty));
+    if ty == GgmlType::Q8_0 {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `dot_group` checked AVX2, FMA and F16C (and AVX-512 with
+        // `has_vnni`); `gemm` checked that every outlier is below `k`, so
+        // its block lies in `gw`.
+        unsafe {
+            if super::features::has_vnni() {
+                x86::add_outliers_q80_512(gw.as_ptr(), outliers, out)
+            } else {
+                x86::add_outliers_q80(gw.as_ptr(), outliers, out)
+            }
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        add_outliers_q80(gw, outliers, out);
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `dot_group` checked the CPU features and that 8-bit
     // activations come with Q4_1 weights; `gemm` checked that every
@@ -411,6 +437,24 @@ fn add_outliers(gw: &[u8], act: &ActRows, r: usize, out: &mut [f32; ROWS]) {
     {
         let _ = out;
         unreachable!("8-bit activations are for x86-64 and AArch64");
+    }
+}
+
+/// Adds `x · w[r][at]` for each outlier to the group's sixteen results
+/// `out[r]`: the values Q8_0's 8-bit activations left out, each against
+/// its column `d · q` (ggml's dequantization), one multiply and one fused
+/// multiply-add per row, as x86's vector version does them.
+#[cfg(not(target_arch = "x86_64"))]
+fn add_outliers_q80(gw: &[u8], outliers: &[Outlier], out: &mut [f32; ROWS]) {
+    for o in outliers {
+        let (b, i) = (o.at as usize / 32, o.at as usize % 32);
+        let block = &gw[b * Q80::GROUP..][..Q80::GROUP];
+        // Value i of row r is byte 2r + i % 2 of W_{i / 2}.
+        let pair = &block[LANE_BYTES * (1 + i / 2)..][..LANE_BYTES];
+        for (r, out) in out.iter_mut().enumerate() {
+            let w = f16_at(block, 2 * r) * f32::from(pair[2 * r + i % 2] as i8);
+            *out = o.x.mul_add(w, *out);
+        }
     }
 }
 
@@ -526,9 +570,12 @@ mod tests {
         let mut act = ActRows::default();
         act.quantize(&a, 8, GROUP_K, 32);
         let mut acts = vec![act];
-        if ty == GgmlType::Q4_1 {
+        if super::takes_act8(ty) {
             let mut act8 = ActRows::default();
-            act8.quantize8(&a, 8, GROUP_K, false);
+            act8.quantize8(&a, 8, GROUP_K, ty == GgmlType::Q8_0);
+            if ty == GgmlType::Q8_0 {
+                act8.widen8(8);
+            }
             acts.push(act8);
         }
         (words, acts)
@@ -584,6 +631,7 @@ mod tests {
             let mut act = ActRows::default();
             if a8 {
                 act.quantize8(a, 8, GROUP_K, natural);
+                act.widen8(8);
             } else {
                 act.quantize(a, 8, GROUP_K, 32);
             }
@@ -597,8 +645,10 @@ mod tests {
             let a: Vec<f32> = (0..8 * GROUP_K)
                 .map(|_| rng.random_range(-2.0f32..2.0))
                 .collect();
-            for a8 in [false, ty == GgmlType::Q4_1] {
-                let (act, natural) = (quantized(&a, a8, false), quantized(&a, a8, true));
+            for a8 in [false, super::takes_act8(ty)] {
+                // Q8_0's kernels take theirs in value order.
+                let order = ty == GgmlType::Q8_0;
+                let (act, natural) = (quantized(&a, a8, order), quantized(&a, a8, true));
                 let mut got = [[0f32; ROWS]; 8];
                 dot_group(ty, w, &act, 0, 8, &mut got);
                 for (c, got) in got.iter().enumerate() {
@@ -637,7 +687,8 @@ mod tests {
     }
 
     /// The AVX-512 and the plain AVX2 kernels give the same bits for every
-    /// type and row count, and for Q4_1 with 8-bit activations too, as does
+    /// type and row count, and for Q4_1 and Q8_0 with 8-bit activations
+    /// too (Q8_0's on AVX2 widened to 16 bits), as does
     /// the AVX-VNNI one where the CPU has it (their
     /// integer sums cannot differ, and the float steps are the same
     /// instructions).
@@ -667,11 +718,56 @@ mod tests {
                         x86::dot_group_avx512(ty, w.as_ptr(), GROUP_K / 32, act, 0, m, &mut y);
                         assert_eq!(x[..m], y[..m], "{ty} m{m} 8-bit {}", act.a8);
                     }
-                    if avx_vnni && act.a8 {
+                    if avx_vnni && act.a8 && ty == GgmlType::Q4_1 {
                         x86::dot_group_a8_avx_vnni(w.as_ptr(), GROUP_K / 32, act, 0, m, &mut y);
                         assert_eq!(x[..m], y[..m], "{ty} m{m} AVX-VNNI");
                     }
                 }
+            }
+        }
+    }
+
+    /// Q8_0's outlier passes (AVX2, AVX-512) give the bits of their
+    /// statement, `out = fma(x, d · q, out)` per outlier in order, which is
+    /// also what other CPUs' plain version computes.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn q8_0_outliers_give_the_bits_of_their_statement() {
+        use super::{super::act_quant::Outlier, super::features::has_vnni, supports, x86};
+        let ty = GgmlType::Q8_0;
+        if !supports(ty) {
+            eprintln!("skipped: no interleaved kernel on this CPU");
+            return;
+        }
+        let nb = GROUP_K / 32;
+        let bytes = crate::quant::random_blocks(ty, ROWS * nb, 77).unwrap_or_default();
+        let words = repack(&bytes, ty, ROWS, GROUP_K).unwrap_or_else(|e| panic!("{e}"));
+        let w = crate::packed_bytes(&words);
+        let mut rng = StdRng::seed_from_u64(78);
+        let outliers: Vec<Outlier> = (0..9)
+            .map(|_| Outlier {
+                at: rng.random_range(0..GROUP_K as u32),
+                x: rng.random_range(-30.0f32..30.0),
+            })
+            .collect();
+        let start: [f32; ROWS] = std::array::from_fn(|_| rng.random_range(-5.0f32..5.0));
+        let mut want = start;
+        for o in &outliers {
+            let (b, i) = (o.at as usize / 32, o.at as usize % 32);
+            for (r, want) in want.iter_mut().enumerate() {
+                let (d, _, q) = parts(ty, w, nb, r, b, i);
+                *want = o.x.mul_add(d * q as f32, *want);
+            }
+        }
+        let (mut x, mut y) = (start, start);
+        // SAFETY: `supports` checked AVX2, FMA and F16C, `has_vnni`
+        // AVX-512; every outlier is inside the group's blocks.
+        unsafe {
+            x86::add_outliers_q80(w.as_ptr(), &outliers, &mut x);
+            assert_eq!(x.map(f32::to_bits), want.map(f32::to_bits), "AVX2");
+            if has_vnni() {
+                x86::add_outliers_q80_512(w.as_ptr(), &outliers, &mut y);
+                assert_eq!(y.map(f32::to_bits), want.map(f32::to_bits), "AVX-512");
             }
         }
     }

@@ -106,7 +106,10 @@ pub(crate) fn gemm_gguf(
         let act8 = int8_activations && interleaved::takes_act8(ty);
         with_scratch(&ACT, |act| {
             let quantizing = profile::phase(Op::ActQuant);
-            if act8 {
+            if act8 && ty == GgmlType::Q8_0 {
+                act.quantize8(a, m, k, true);
+                act.widen8(m);
+            } else if act8 {
                 act.quantize8(a, m, k, false);
             } else {
                 act.quantize(a, m, k, 32);

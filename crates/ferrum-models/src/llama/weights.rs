@@ -369,18 +369,15 @@ impl<B: Backend> Linear<B> {
         })
     }
 
-    /// Whether the weight is in one of the 4- to 6-bit k-quant formats.
-    fn is_kquant(&self) -> bool {
-        matches!(
-            self,
+    /// The GGUF block type of a weight kept in blocks.
+    fn gguf_type(&self) -> Option<GgufQuantType> {
+        match self {
             Linear::Quant {
-                kind: QuantKind::Gguf {
-                    quant_type: GgufQuantType::Q4K | GgufQuantType::Q5K | GgufQuantType::Q6K,
-                    ..
-                },
+                kind: QuantKind::Gguf { quant_type, .. },
                 ..
-            }
-        )
+            } => Some(*quant_type),
+            _ => None,
+        }
     }
 
     /// Sets `QuantKind::Gguf::int8_activations` (a dense weight has none).
@@ -685,22 +682,22 @@ impl<B: Backend> Weights<B> {
     /// Other heads keep their precision: SmolLM2's (Q8_0) head on 8 bits
     /// would add +0.13% on GPL-3 (emulated), too near the 0.1% budget.
     pub fn set_int8_inputs(&mut self, on: bool) {
+        let layer = |w: &mut Linear<B>| {
+            let q8 = w.gguf_type() == Some(GgufQuantType::Q8_0);
+            w.set_int8_input(on && !q8)
+        };
         for l in &mut self.layers {
             match &mut l.qkv {
-                Some(Qkv::Fused { w, .. }) => w.set_int8_input(on),
-                Some(Qkv::Split { parts, .. }) => {
-                    parts.iter_mut().for_each(|w| w.set_int8_input(on))
-                }
+                Some(Qkv::Fused { w, .. }) => layer(w),
+                Some(Qkv::Split { parts, .. }) => parts.iter_mut().for_each(layer),
                 None => {}
             }
-            l.o.set_int8_input(on);
-            l.mlp
-                .linears_mut()
-                .into_iter()
-                .for_each(|w| w.set_int8_input(on));
+            layer(&mut l.o);
+            l.mlp.linears_mut().into_iter().for_each(layer);
         }
         if let Some(head) = &mut self.lm_head {
-            if head.is_kquant() {
+            use GgufQuantType::{Q4K, Q5K, Q6K, Q8_0};
+            if matches!(head.gguf_type(), Some(Q4K | Q5K | Q6K | Q8_0)) {
                 head.set_int8_input(on);
             }
         }

@@ -303,7 +303,9 @@ unsafe fn by_type<const ISA: u8>(
     m: usize,
     out: &mut [[f32; ROWS]; ACT_ROWS],
 ) {
-    let run = if act.a8 { ROWS8 } else { ROWS16 };
+    // Q8_0's 8-bit values come widened to 16 bits (`ActRows::widen8`).
+    let a8 = act.a8 && ty == GgmlType::Q4_1;
+    let run = if a8 { ROWS8 } else { ROWS16 };
     for at in (0..m).step_by(run) {
         let (rows, out) = (run.min(m - at), &mut out[at..]);
         let r = r0 + at;
@@ -313,7 +315,7 @@ unsafe fn by_type<const ISA: u8>(
             };
         }
         match ty {
-            _ if act.a8 => by_m4!(rows, M => group8::<ISA, M>(g, nb, act, r, out)),
+            _ if a8 => by_m4!(rows, M => group8::<ISA, M>(g, nb, act, r, out)),
             GgmlType::Q4_0 => group16!(Q40),
             GgmlType::Q4_1 => group16!(Q41),
             GgmlType::Q5_0 => group16!(Q50),

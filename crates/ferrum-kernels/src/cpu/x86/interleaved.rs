@@ -490,6 +490,57 @@ unsafe fn group512_a8<const M: usize>(
     }
 }
 
+/// Q8_0 against 8-bit activations in natural order: each `VPDPBUSD`
+/// multiplies four values of all sixteen rows by four broadcast activation
+/// bytes, half the instructions per multiply of [`group512`]'s 16-bit
+/// `VPDPWSSD`. The layout holds a row's values in pairs (`W_p`), so a
+/// `VPERMW` brings `W_{2u}`'s and `W_{2u+1}`'s pairs of each row together
+/// in its lane, and `VPDPBUSD`'s unsigned operand takes them +128 (a sign
+/// flip); `128 · Σq` (`ActRows::sums`) comes off the block's integer sum,
+/// which leaves the exact `Σ w·q` of the 16-bit kernels on the widened
+/// values, and the float steps are [`group512`]'s: the same bits.
+#[inline(always)]
+unsafe fn group512_a8_q80<const M: usize>(
+    g: *const u8,
+    nb: usize,
+    act: &ActRows,
+    r0: usize,
+    out: &mut [[f32; ROWS]; ACT_ROWS],
+) {
+    type F = Q80;
+    let (k, stride, groups) = (act.k, act.stride, act.k / 32);
+    let mut acc = [_mm512_setzero_ps(); M];
+    // Word 2r of a lane pair: row r's pair from the first `W_p`, word
+    // 2r + 1: from the second.
+    let order: [i16; 32] = std::array::from_fn(|j| (j / 2 + 16 * (j % 2)) as i16);
+    let order = _mm512_loadu_si512(order.as_ptr().cast());
+    let flip = _mm512_set1_epi8(i8::MIN);
+    for b in 0..nb {
+        let p = g.add(b * F::GROUP);
+        prefetch_ahead(p, F::GROUP);
+        let mut dots = [_mm512_setzero_si512(); M];
+        for u in 0..8 {
+            let x = _mm512_loadu_si512(p.add(LANE_BYTES * (1 + 2 * u)).cast());
+            let w = _mm512_xor_si512(_mm512_permutexvar_epi16(order, x), flip);
+            for (r, dot) in dots.iter_mut().enumerate() {
+                let a = act.q8.as_ptr().add((r0 + r) * k + 32 * b + 4 * u);
+                *dot = dpbusd512_at::<0>(*dot, w, a);
+            }
+        }
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()));
+        for (c, (acc, dot)) in acc.iter_mut().zip(dots).enumerate() {
+            let i = (r0 + c) * stride + b;
+            let offset = 128 * *act.sums.as_ptr().add((r0 + c) * groups + b);
+            let dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(offset));
+            let s = _mm512_mul_ps(d, _mm512_set1_ps(*act.d.as_ptr().add(i)));
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, *acc);
+        }
+    }
+    for (out, acc) in out.iter_mut().zip(acc) {
+        _mm512_storeu_ps(out.as_mut_ptr(), acc);
+    }
+}
+
 /// Adds `x · w[r][at]` for each outlier to the group's sixteen results
 /// `out[r]`: the values that [`group_a8`]'s 8-bit activations left out
 /// (their `q` is 0), each against its Q4_1 column `d · q + m`.
@@ -514,6 +565,61 @@ pub(super) unsafe fn add_outliers_q41(g: *const u8, outliers: &[Outlier], out: &
             _mm256_storeu_ps(r, _mm256_fmadd_ps(x, w, _mm256_loadu_ps(r)));
         }
     }
+}
+
+/// Adds `x · w[r][at]` for each outlier to the group's sixteen results
+/// `out[r]`: the values Q8_0's 8-bit activations left out, each against
+/// its column `d · q` (a multiply, then a fused multiply-add, as the
+/// portable version for other CPUs does them).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn add_outliers_q80(g: *const u8, outliers: &[Outlier], out: &mut [f32; ROWS]) {
+    let mut acc = [
+        _mm256_loadu_ps(out.as_ptr()),
+        _mm256_loadu_ps(out.as_ptr().add(8)),
+    ];
+    for o in outliers {
+        let (p, words, up) = q80_column(g, o);
+        let x = _mm256_set1_ps(o.x);
+        for (u, acc) in acc.iter_mut().enumerate() {
+            let words = _mm_loadu_si128(words.add(16 * u).cast());
+            let q = _mm256_srai_epi32(_mm256_sll_epi32(_mm256_cvtepu16_epi32(words), up), 24);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16 * u).cast()));
+            *acc = _mm256_fmadd_ps(x, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)), *acc);
+        }
+    }
+    _mm256_storeu_ps(out.as_mut_ptr(), acc[0]);
+    _mm256_storeu_ps(out.as_mut_ptr().add(8), acc[1]);
+}
+
+/// [`add_outliers_q80`] on 512-bit vectors, all sixteen rows at once.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+pub(super) unsafe fn add_outliers_q80_512(
+    g: *const u8,
+    outliers: &[Outlier],
+    out: &mut [f32; ROWS],
+) {
+    let mut acc = _mm512_loadu_ps(out.as_ptr());
+    for o in outliers {
+        let (p, words, up) = q80_column(g, o);
+        let words = _mm256_loadu_si256(words.cast());
+        let q = _mm512_srai_epi32(_mm512_sll_epi32(_mm512_cvtepu16_epi32(words), up), 24);
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()));
+        let w = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(o.x), w, acc);
+    }
+    _mm512_storeu_ps(out.as_mut_ptr(), acc);
+}
+
+/// Where outlier `o`'s column lies in a Q8_0 group: its block, the `W_p`
+/// holding it and the left shift that takes its byte of each row's word
+/// (value `i` of row `r` is byte `i % 2` of word `r` of `W_{i / 2}`) to the
+/// top of an i32 lane, for an arithmetic shift down.
+#[inline(always)]
+unsafe fn q80_column(g: *const u8, o: &Outlier) -> (*const u8, *const u8, __m128i) {
+    let (b, i) = (o.at as usize / 32, o.at as usize % 32);
+    let p = g.add(b * Q80::GROUP);
+    let up = _mm_cvtsi32_si128((24 - 8 * (i % 2)) as i32);
+    (p, p.add(LANE_BYTES * (1 + i / 2)), up)
 }
 
 /// Calls `$kernel::<Format, M>($args)` for the type `$ty` and row count.
@@ -570,8 +676,9 @@ pub(super) unsafe fn dot_group_avx2(
     m: usize,
     out: &mut [[f32; ROWS]; ACT_ROWS],
 ) {
-    if act.a8 {
-        // Q4_1 only (`dot_group` checked); four rows and four more.
+    if act.a8 && ty == GgmlType::Q4_1 {
+        // Four rows and four more. (Q8_0's 8-bit values come widened to
+        // 16 bits, `ActRows::widen8`, for the kernels below.)
         a8_in_fours::<false>(g, nb, act, r0, m, out);
         return;
     }
@@ -604,8 +711,10 @@ pub(super) unsafe fn dot_group_avx512(
     m: usize,
     out: &mut [[f32; ROWS]; ACT_ROWS],
 ) {
-    if act.a8 {
-        // Q4_1 only (`dot_group` checked).
+    if act.a8 && ty == GgmlType::Q8_0 {
+        by_m!(m, M => group512_a8_q80::<M>(g, nb, act, r0, out))
+    } else if act.a8 {
+        // Q4_1 (`dot_group` checked).
         by_m!(m, M => group512_a8::<M>(g, nb, act, r0, out))
     } else {
         by_type!(ty, m, group512(g, nb, act, r0, out))
