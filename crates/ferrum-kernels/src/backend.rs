@@ -41,7 +41,7 @@ pub enum QuantKind {
     /// (LLM activations spike in a few channels, and a block scaled to a
     /// spike loses its other values), so a backend with such a kernel for
     /// `quant_type` may use it where it is faster (the CPU's: the k-quants
-    /// Q2_K to Q6_K, and Q4_1; twice the multiplies per
+    /// Q2_K to Q6_K, Q4_1 and Q8_0; twice the multiplies per
     /// instruction). A model sets it per
     /// layer role, where the rounding was measured not to move perplexity;
     /// elsewhere the backend's own activation precision applies. (Not in

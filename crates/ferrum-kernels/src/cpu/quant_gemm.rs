@@ -52,9 +52,8 @@ fn with_scratch<T: Default + 'static, R>(
 
 /// `out[m, n] = a[m, k] · dequant(w)[n, k]ᵀ` with `w` in `ty` blocks, in
 /// the repacked layout if `layout` says so (and names `ty`). With
-/// `int8_activations`, the k-quants take 8-bit activations, and Q4_1 where
-/// the CPU has AVX2 but not VNNI (whose 16-bit `VPDPWSSD` already does as
-/// many multiplies per instruction as `PMADDUBSW`).
+/// `int8_activations`, the k-quants, Q4_1 and Q8_0 take 8-bit activations
+/// (`interleaved::takes_act8`, `kquant_rows::supports`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_gguf(
     a: &[f32],
