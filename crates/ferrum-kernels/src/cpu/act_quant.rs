@@ -189,21 +189,25 @@ impl ActRows {
             .for_each(one);
     }
 
-    /// After [`ActRows::quantize8`] in natural order: the 8-bit values
-    /// widened into `qs` and their sums per 32 into `sums`, for the Q8_0
-    /// kernels (`super::interleaved::takes_act8`) that multiply them as
-    /// 16-bit values or take the sums off their offset weights.
-    pub(crate) fn widen8(&mut self, m: usize) {
+    /// After [`ActRows::quantize8`] in natural order: the sums per 32 of
+    /// the 8-bit values into `sums` (the Q8_0 `VPDPBUSD` kernel takes them
+    /// off its offset weights) and, with `values`, the values widened into
+    /// `qs` (for the 16-bit kernels that run Q8_0 on other CPUs; see
+    /// `super::interleaved::takes_act8`).
+    pub(crate) fn widen8(&mut self, m: usize, values: bool) {
         let k = self.k;
-        grow(&mut self.qs, m * k, 0);
         grow(&mut self.sums, m * k / 32, 0);
         let groups = self.q8[..m * k].chunks_exact(32);
-        let wide = self.qs.chunks_exact_mut(32).zip(self.sums.iter_mut());
-        for (q, (w, sum)) in groups.zip(wide) {
-            for (w, &q) in w.iter_mut().zip(q) {
-                *w = i16::from(q);
-            }
+        for (q, sum) in groups.clone().zip(self.sums.iter_mut()) {
             *sum = q.iter().map(|&q| i32::from(q)).sum();
+        }
+        if values {
+            grow(&mut self.qs, m * k, 0);
+            for (q, w) in groups.zip(self.qs.chunks_exact_mut(32)) {
+                for (w, &q) in w.iter_mut().zip(q) {
+                    *w = i16::from(q);
+                }
+            }
         }
     }
 

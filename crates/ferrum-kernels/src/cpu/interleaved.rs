@@ -153,6 +153,13 @@ pub(crate) fn takes_act8(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0) && supports(ty)
 }
 
+/// Completes Q8_0's 8-bit activations (quantized in value order) for this
+/// CPU's kernel: the sums for `VPDPBUSD`, and the values widened to 16
+/// bits only where the 16-bit kernels run them (no AVX-512 VNNI).
+pub(crate) fn prepare_q8_0(act: &mut ActRows, m: usize) {
+    act.widen8(m, !super::features::has_vnni());
+}
+
 fn legacy(ty: GgmlType) -> bool {
     matches!(
         ty,
@@ -574,7 +581,8 @@ mod tests {
             let mut act8 = ActRows::default();
             act8.quantize8(&a, 8, GROUP_K, ty == GgmlType::Q8_0);
             if ty == GgmlType::Q8_0 {
-                act8.widen8(8);
+                // Widened too: the tests run the AVX2 kernel beside VNNI's.
+                act8.widen8(8, true);
             }
             acts.push(act8);
         }
@@ -618,7 +626,7 @@ mod tests {
     /// minimum, or `d·(−8)`, `d·(−16)`). So x86 and Arm give the same bits.
     #[test]
     fn kernels_give_the_bits_of_their_statement() {
-        use super::{dot_group, supports};
+        use super::{dot_group, prepare_q8_0, supports};
         if !supports(GgmlType::Q4_0) {
             eprintln!("skipped: no interleaved kernel on this CPU");
             return;
@@ -627,11 +635,13 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(29);
         // 16-bit activations, or 8-bit ones in the kernel's order or in
         // value order.
-        let quantized = |a: &[f32], a8: bool, natural: bool| {
+        let quantized = |a: &[f32], ty: GgmlType, a8: bool, natural: bool| {
             let mut act = ActRows::default();
             if a8 {
                 act.quantize8(a, 8, GROUP_K, natural);
-                act.widen8(8);
+                if ty == GgmlType::Q8_0 {
+                    prepare_q8_0(&mut act, 8);
+                }
             } else {
                 act.quantize(a, 8, GROUP_K, 32);
             }
@@ -648,7 +658,7 @@ mod tests {
             for a8 in [false, super::takes_act8(ty)] {
                 // Q8_0's kernels take theirs in value order.
                 let order = ty == GgmlType::Q8_0;
-                let (act, natural) = (quantized(&a, a8, order), quantized(&a, a8, true));
+                let (act, natural) = (quantized(&a, ty, a8, order), quantized(&a, ty, a8, true));
                 let mut got = [[0f32; ROWS]; 8];
                 dot_group(ty, w, &act, 0, 8, &mut got);
                 for (c, got) in got.iter().enumerate() {

@@ -107,7 +107,7 @@ pub(crate) fn gemm_gguf(
             let quantizing = profile::phase(Op::ActQuant);
             if act8 && ty == GgmlType::Q8_0 {
                 act.quantize8(a, m, k, true);
-                act.widen8(m);
+                interleaved::prepare_q8_0(act, m);
             } else if act8 {
                 act.quantize8(a, m, k, false);
             } else {
