@@ -137,9 +137,11 @@ fn bench_gemm_quant(c: &mut Criterion) {
 }
 
 /// Decode as a model runs it: one activation row against weights that do
-/// not fit in the caches (eight copies of a Qwen2.5-1.5B MLP matrix, 120+
-/// MB, taken in turn), so each call streams its weights from memory.
-/// Reports weight bytes per second against the machine's bandwidth.
+/// not fit in the caches (eight copies of a Qwen2.5-1.5B MLP matrix, 60-120
+/// MB, taken in turn), so each call streams its weights from memory:
+/// weight bytes per second against the machine's bandwidth. Then a decode
+/// batch's eight rows, from memory (`/m8`) and against a single copy
+/// (`/m8_one_copy`), in FLOP/s as `gemm_quant` reports them.
 fn bench_decode_from_memory(c: &mut Criterion) {
     use GgufQuantType::*;
     let pool = rayon::ThreadPoolBuilder::new()
@@ -153,6 +155,7 @@ fn bench_decode_from_memory(c: &mut Criterion) {
     let mut rng = StdRng::seed_from_u64(2);
     let (n, k, copies) = (8960, 1536, 8);
     for (t, int8_activations) in [
+        (Q4_1, true),
         (Q4K, true),
         (Q6K, true),
         (Q6K, false),
@@ -167,29 +170,42 @@ fn bench_decode_from_memory(c: &mut Criterion) {
             quant_type: t,
             int8_activations,
         };
-        let a: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0..1.0)).collect();
-        let a = CpuBackend::from_slice(&a);
-        let mut out = CpuBackend::alloc(n);
-        group.throughput(Throughput::Bytes(bytes.len() as u64));
-        let name = format!("{t:?}{}", if int8_activations { "_int8" } else { "" });
-        group.bench_function(name, |b| {
-            b.iter_custom(|iters| {
-                pool.install(|| {
-                    let t = Instant::now();
-                    for i in 0..iters as usize {
-                        let weights = QuantWeights::<CpuBackend> {
-                            qweight: &qws[i % copies],
-                            scales: None,
-                            zeros: None,
-                            g_idx: None,
-                        };
-                        CpuBackend::gemm_quant(&mut (), &a, &weights, &mut out, 1, n, k, &kind)
-                            .unwrap_or_else(|e| panic!("{e}"));
-                    }
-                    t.elapsed()
+        // One row (decode), eight (a decode batch) from memory, and eight
+        // against one copy (7-13 MB, in L3 where it has room) to show what
+        // streaming from memory costs the batch.
+        for (m, cp, tag) in [
+            (1usize, copies, ""),
+            (8, copies, "/m8"),
+            (8, 1, "/m8_one_copy"),
+        ] {
+            let a: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let a = CpuBackend::from_slice(&a);
+            let mut out = CpuBackend::alloc(m * n);
+            if m == 1 {
+                group.throughput(Throughput::Bytes(bytes.len() as u64));
+            } else {
+                group.throughput(Throughput::Elements((2 * m * n * k) as u64));
+            }
+            let name = format!("{t:?}{}{tag}", if int8_activations { "_int8" } else { "" });
+            group.bench_function(name, |b| {
+                b.iter_custom(|iters| {
+                    pool.install(|| {
+                        let t = Instant::now();
+                        for i in 0..iters as usize {
+                            let weights = QuantWeights::<CpuBackend> {
+                                qweight: &qws[i % cp],
+                                scales: None,
+                                zeros: None,
+                                g_idx: None,
+                            };
+                            CpuBackend::gemm_quant(&mut (), &a, &weights, &mut out, m, n, k, &kind)
+                                .unwrap_or_else(|e| panic!("{e}"));
+                        }
+                        t.elapsed()
+                    })
                 })
-            })
-        });
+            });
+        }
     }
     group.finish();
 }
