@@ -105,29 +105,17 @@ fn bench_gemm_quant(c: &mut Criterion) {
             quant_type: t,
             int8_activations,
         };
-        let name = if int8_activations {
-            format!("{t:?}_int8")
-        } else {
-            format!("{t:?}")
-        };
+        let name = quant_name(t, int8_activations);
         for m in [1usize, 8, 64] {
             let a: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
             let a = CpuBackend::from_slice(&a);
             let mut out = CpuBackend::alloc(m * n);
-            if m == 1 {
-                group.throughput(Throughput::Bytes(bytes.len() as u64));
-            } else {
-                group.throughput(Throughput::Elements((2 * m * n * k) as u64));
-            }
+            group.throughput(quant_throughput(m, n, k, bytes.len()));
             group.bench_with_input(BenchmarkId::new(&name, m), &m, |b, &m| {
                 b.iter_custom(|iters| {
-                    pool.install(|| {
-                        let t = Instant::now();
-                        for _ in 0..iters {
-                            CpuBackend::gemm_quant(&mut (), &a, &weights, &mut out, m, n, k, &kind)
-                                .unwrap_or_else(|e| panic!("{e}"));
-                        }
-                        t.elapsed()
+                    timed_on(&pool, iters, |_| {
+                        CpuBackend::gemm_quant(&mut (), &a, &weights, &mut out, m, n, k, &kind)
+                            .unwrap_or_else(|e| panic!("{e}"))
                     })
                 })
             });
@@ -181,33 +169,51 @@ fn bench_decode_from_memory(c: &mut Criterion) {
             let a: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
             let a = CpuBackend::from_slice(&a);
             let mut out = CpuBackend::alloc(m * n);
-            if m == 1 {
-                group.throughput(Throughput::Bytes(bytes.len() as u64));
-            } else {
-                group.throughput(Throughput::Elements((2 * m * n * k) as u64));
-            }
-            let name = format!("{t:?}{}{tag}", if int8_activations { "_int8" } else { "" });
+            group.throughput(quant_throughput(m, n, k, bytes.len()));
+            let name = format!("{}{tag}", quant_name(t, int8_activations));
             group.bench_function(name, |b| {
                 b.iter_custom(|iters| {
-                    pool.install(|| {
-                        let t = Instant::now();
-                        for i in 0..iters as usize {
-                            let weights = QuantWeights::<CpuBackend> {
-                                qweight: &qws[i % cp],
-                                scales: None,
-                                zeros: None,
-                                g_idx: None,
-                            };
-                            CpuBackend::gemm_quant(&mut (), &a, &weights, &mut out, m, n, k, &kind)
-                                .unwrap_or_else(|e| panic!("{e}"));
-                        }
-                        t.elapsed()
+                    timed_on(&pool, iters, |i| {
+                        let weights = QuantWeights::<CpuBackend> {
+                            qweight: &qws[i % cp],
+                            scales: None,
+                            zeros: None,
+                            g_idx: None,
+                        };
+                        CpuBackend::gemm_quant(&mut (), &a, &weights, &mut out, m, n, k, &kind)
+                            .unwrap_or_else(|e| panic!("{e}"))
                     })
                 })
             });
         }
     }
     group.finish();
+}
+
+/// A quantized kind's bench name: the type, `_int8` with 8-bit activations.
+fn quant_name(t: GgufQuantType, int8_activations: bool) -> String {
+    format!("{t:?}{}", if int8_activations { "_int8" } else { "" })
+}
+
+/// Weight bytes per second for one activation row (the memory wall),
+/// FLOP/s for more.
+fn quant_throughput(m: usize, n: usize, k: usize, weight_bytes: usize) -> Throughput {
+    if m == 1 {
+        Throughput::Bytes(weight_bytes as u64)
+    } else {
+        Throughput::Elements((2 * m * n * k) as u64)
+    }
+}
+
+/// `iters` calls of `call` (given the call's index) on `pool`'s threads.
+fn timed_on(pool: &rayon::ThreadPool, iters: u64, mut call: impl FnMut(usize) + Send) -> Duration {
+    pool.install(|| {
+        let t = Instant::now();
+        for i in 0..iters as usize {
+            call(i);
+        }
+        t.elapsed()
+    })
 }
 
 criterion_group!(
