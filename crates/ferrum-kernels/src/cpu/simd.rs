@@ -13,15 +13,24 @@
 #[cfg(target_arch = "x86_64")]
 use super::features::has_avx2;
 
-/// Asks for the `len` bytes that start 2 KB after `p` to be brought into
-/// the cache. The quantized kernels walk each task's weights front to back,
-/// but the hardware prefetchers of the VMs measured did not keep up with
-/// that stream (the gain, and the distances tried, are in `docs/perf-log.md`).
+/// Asks for the `len` bytes that start 16 KB after `p` to be brought into
+/// L2. The interleaved kernels walk each task's weights front to back, but
+/// the hardware prefetchers of the VMs measured did not keep up with that
+/// stream. Into L2 and far ahead rather than into L1 2 KB ahead: from
+/// memory, a decode batch's eight rows then kept the weights coming
+/// (`gemm_quant_dram` Q8_0 int8 at m = 8 +35-45% on a Zen 4; the gains and
+/// the distances tried are in `docs/perf-log.md`), and L1 misses to L2 are
+/// what the out-of-order core hides.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn prefetch_ahead(p: *const u8, len: usize) {
-    const AHEAD: usize = 2048;
-    prefetch(p.wrapping_add(AHEAD), len);
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+    const AHEAD: usize = 16 << 10;
+    for line in (0..len).step_by(64) {
+        // SAFETY: SSE is part of x86-64; a prefetch reads nothing and
+        // cannot fault, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(AHEAD + line).cast()) };
+    }
 }
 
 /// Asks for the `len` bytes at `p` to be brought into the cache. A hint
