@@ -477,6 +477,10 @@ fn attend_block<E: Elem, R: KvRows>(
         // layers at 2,048 keys (`--bench attention`, paged_decode, two
         // threads) took 8.6-9.1 ms with f16 pools and 9.4-12 with f32;
         // with this 5.7-7.8 and 8.7-10.5 (this VM's runs vary that much).
+        // Into L2, not L1: L1's few outstanding misses capped the stream,
+        // and the prefetches themselves stalled (f16 pools at 2,048 keys
+        // 5.1-5.4 -> 3.6-4.3 ms; eight sequences at 512 keys, 8.4-9.1 ->
+        // 6.8-7.6 ms, on a Zen 4; a tile further ahead gained nothing).
         tile_rows(&mut next, t1);
         for &o in &next[..(t1 + KV_TILE).min(last) - t1] {
             simd::prefetch(k.as_ptr().wrapping_add(o).cast(), row_bytes);

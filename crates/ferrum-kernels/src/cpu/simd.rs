@@ -24,25 +24,19 @@ use super::features::has_avx2;
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn prefetch_ahead(p: *const u8, len: usize) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-    const AHEAD: usize = 16 << 10;
-    for line in (0..len).step_by(64) {
-        // SAFETY: SSE is part of x86-64; a prefetch reads nothing and
-        // cannot fault, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(AHEAD + line).cast()) };
-    }
+    prefetch(p.wrapping_add(16 << 10), len);
 }
 
-/// Asks for the `len` bytes at `p` to be brought into the cache. A hint
-/// past the end of a buffer is harmless: prefetches never fault.
+/// Asks for the `len` bytes at `p` to be brought into L2. A hint past the
+/// end of a buffer is harmless: prefetches never fault.
 #[inline(always)]
 pub(crate) fn prefetch(p: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
     for line in (0..len).step_by(64) {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
         // SAFETY: SSE is part of x86-64; a prefetch reads nothing and
         // cannot fault, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line).cast()) };
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(line).cast()) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (p, len);
