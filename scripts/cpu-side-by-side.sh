@@ -10,10 +10,15 @@
 #       extensions on, e.g. -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON) with the
 #       libraries it opens, and the models' headers, xz-compressed, into
 #       .cpu-side/ (git-ignored)
-#   BUDGET=400 bash scripts/cpu-side-by-side.sh run
-#       there, carrying .cpu-side: pins two cores, rebuilds the files, then
+#       (ferrum-kernels' CPU tests and its `gemm` bench go along too)
+#   BUDGET=400 [ALSO_ISA=avx-vnni] bash scripts/cpu-side-by-side.sh run
+#       there, carrying .cpu-side: rebuilds the files, pins two cores, runs
+#       the kernel tests on that CPU (a path this machine lacks is only
+#       tested there; $OUT/kernel-tests.txt) and the 8-bit `gemm_quant`
+#       benches, as detected and capped at ALSO_ISA ($OUT/gemm-*.txt), then
 #       alternates `llama-bench -t 2 -p 512 -n 64 -r 1` and `ferrum bench -t 2
-#       -p 512 -n 64 -r 1 --batch 8` per model (order swapped each round)
+#       -p 512 -n 64 -r 1 --batch 8` (and with ALSO_ISA, the same under
+#       `FERRUM_CPU_ISA=$ALSO_ISA`) per model (order swapped each round)
 #       until BUDGET seconds (one round at least); medians and paired
 #       ratios in $OUT/summary.txt, then one `ferrum bench --profile` run per
 #       model (tg and batch 8 by op) in $OUT/profile-MODEL.txt
@@ -30,7 +35,15 @@ prep() {
   strip -o "$C/ferrum" target/release/ferrum
   strip -o "$C/llama-bench" "$llama"
   ldd "$llama" | awk '/=> \// {print $3}' | grep -E 'libgomp|libssl|libcrypto' | xargs -r cp -L -t "$C/lib"
-  xz -T0 -6 "$C/ferrum" "$C/llama-bench"
+  local t=0 exe
+  for exe in $({ cargo test --release -p ferrum-kernels --lib --test cpu_ops --test quant_gemm --no-run 2>&1 &&
+    cargo bench -p ferrum-kernels --bench gemm --no-run 2>&1; } | grep -o 'target/release/deps/[a-z_0-9-]*'); do
+    case $exe in
+      */gemm-*) strip -o "$C/gemm-bench" "$exe" ;;
+      *) strip -o "$C/test-$t" "$exe" && t=$((t + 1)) ;;
+    esac
+  done
+  xz -T0 -6 "$C/ferrum" "$C/llama-bench" "$C/gemm-bench" "$C"/test-*
   for m in "$@"; do
     python3 scripts/random_like_gguf.py "$m" --header-only "$C/$(basename "$m" .gguf).head"
   done
@@ -47,8 +60,9 @@ run() {
   exec > >(tee -a "$R/log.txt") 2>&1
   lscpu | grep -E "Model name|^CPU\(s\)|L2|L3"
   grep -o -w -E 'avx2|avx512f|avx512_vnni|avx_vnni|amx_int8' /proc/cpuinfo | sort | uniq -c
-  local pids=() m
-  for b in ferrum llama-bench; do
+  local pids=() m b
+  for b in "$C"/*.xz; do
+    b=$(basename "$b" .xz)
     xz -dc "$C/$b.xz" >"$W/$b" &
     pids+=($!)
   done
@@ -57,13 +71,23 @@ run() {
     pids+=($!)
   done
   wait "${pids[@]}" # not a bare `wait`: it would wait for the tee above
-  chmod +x "$W/ferrum" "$W/llama-bench"
+  chmod +x "$W"/*
   "$W/ferrum" system-info
   # Two cores, skipping the first two (interrupts land there).
   local cpus pin=()
   cpus=$(lscpu -p=CPU,CORE | grep -v '^#' | awk -F, '!seen[$2]++ {print $1}' | sed -n 3,4p | paste -sd,)
   command -v taskset >/dev/null && [ -n "$cpus" ] && pin=(taskset -c "$cpus")
   echo "pinned to: ${cpus:-none}"
+  for b in "$W"/test-*; do
+    "${pin[@]}" "$b" --test-threads 2 2>&1 |
+      grep -E "^test |test result|panicked|left:|right:" >>"$R/kernel-tests.txt"
+  done
+  grep -E "test result|FAILED|panicked" "$R/kernel-tests.txt"
+  local isa
+  for isa in detected ${ALSO_ISA:-}; do
+    FERRUM_CPU_ISA=$isa "${pin[@]}" timeout 120 "$W/gemm-bench" --bench 'gemm_quant/(Q4_1|Q8_0)_int8' 2>&1 |
+      grep -E "^gemm|time:|thrpt:" >"$R/gemm-$isa.txt"
+  done
   llama() {
     echo "llama $1 $2 $(LD_LIBRARY_PATH=$C/lib "${pin[@]}" timeout 200 "$W/llama-bench" -m "$W/$1.gguf" \
       -t 2 -p 512 -n 64 -r 1 -o csv 2>/dev/null | tail -2 | awk -F'","' '{printf "%s ", $(NF-1)}')"
@@ -71,6 +95,10 @@ run() {
   fer() {
     echo "ferrum $1 $2 $("${pin[@]}" timeout 200 "$W/ferrum" bench -m "$W/$1.gguf" -t 2 -p 512 -n 64 -r 1 \
       --batch 8 --json 2>/dev/null | tail -1)"
+    if [ -n "${ALSO_ISA:-}" ]; then
+      echo "ferrum-$ALSO_ISA $1 $2 $(FERRUM_CPU_ISA=$ALSO_ISA "${pin[@]}" timeout 200 "$W/ferrum" bench \
+        -m "$W/$1.gguf" -t 2 -p 512 -n 64 -r 1 --batch 8 --json 2>/dev/null | tail -1)"
+    fi
   }
   local r=0
   while ((r == 0 || $(date +%s) - T0 < BUDGET)); do
@@ -90,13 +118,16 @@ for line in open(sys.argv[1]):
         if engine == "ferrum":
             j = json.loads(rest)
             runs[model, r].update(fpp=j["pp_tok_s"], ftg=j["tg_tok_s"], fb=j["batch_tok_s"])
+        elif engine.startswith("ferrum-"):
+            j = json.loads(rest)
+            runs[model, r].update(isa=engine[7:], xpp=j["pp_tok_s"], xtg=j["tg_tok_s"], xb=j["batch_tok_s"])
         elif engine == "llama":
             lpp, ltg = map(float, rest.split())
             runs[model, r].update(lpp=lpp, ltg=ltg)
     except (ValueError, KeyError):
         print("unparsed:", line.strip())
 for model in sorted({m for m, _ in runs}):
-    rs = [v for (m, _), v in runs.items() if m == model and len(v) == 5]
+    rs = [v for (m, _), v in runs.items() if m == model and len(v) >= 5]
     if not rs:
         continue
     med = lambda f: st.median(f(v) for v in rs)
@@ -104,6 +135,13 @@ for model in sorted({m for m, _ in runs}):
           f" ferrum pp512 {med(lambda v: v['fpp']):.1f} tg64 {med(lambda v: v['ftg']):.2f} batch8 {med(lambda v: v['fb']):.1f};"
           f" paired medians pp {med(lambda v: v['fpp'] / v['lpp']):.2f}x tg {med(lambda v: v['ftg'] / v['ltg']):.2f}x"
           f" batch8/tg {med(lambda v: v['fb'] / v['ftg']):.2f}x")
+    xs = [v for v in rs if "isa" in v]
+    if xs:
+        xmed = lambda f: st.median(f(v) for v in xs)
+        print(f"  ferrum with FERRUM_CPU_ISA={xs[0]['isa']}: {len(xs)} rounds; pp512 {xmed(lambda v: v['xpp']):.1f}"
+              f" tg64 {xmed(lambda v: v['xtg']):.2f} batch8 {xmed(lambda v: v['xb']):.1f}; paired, detected over capped:"
+              f" pp {xmed(lambda v: v['fpp'] / v['xpp']):.2f}x tg {xmed(lambda v: v['ftg'] / v['xtg']):.2f}x"
+              f" batch8 {xmed(lambda v: v['fb'] / v['xb']):.2f}x; its batch8/tg {xmed(lambda v: v['xb'] / v['xtg']):.2f}x")
 EOF
   # Where the time goes, after the timed rounds (the clock reads cost a
   # little): no profiler runs there.
