@@ -92,13 +92,14 @@ run() {
     echo "llama $1 $2 $(LD_LIBRARY_PATH=$C/lib "${pin[@]}" timeout 200 "$W/llama-bench" -m "$W/$1.gguf" \
       -t 2 -p 512 -n 64 -r 1 -o csv 2>/dev/null | tail -2 | awk -F'","' '{printf "%s ", $(NF-1)}')"
   }
+  # One `ferrum bench` line, labelled $1, under FERRUM_CPU_ISA=$4 if given.
+  fer1() {
+    echo "$1 $2 $3 $(FERRUM_CPU_ISA=${4:-} "${pin[@]}" timeout 200 "$W/ferrum" bench -m "$W/$2.gguf" -t 2 \
+      -p 512 -n 64 -r 1 --batch 8 --json 2>/dev/null | tail -1)"
+  }
   fer() {
-    echo "ferrum $1 $2 $("${pin[@]}" timeout 200 "$W/ferrum" bench -m "$W/$1.gguf" -t 2 -p 512 -n 64 -r 1 \
-      --batch 8 --json 2>/dev/null | tail -1)"
-    if [ -n "${ALSO_ISA:-}" ]; then
-      echo "ferrum-$ALSO_ISA $1 $2 $(FERRUM_CPU_ISA=$ALSO_ISA "${pin[@]}" timeout 200 "$W/ferrum" bench \
-        -m "$W/$1.gguf" -t 2 -p 512 -n 64 -r 1 --batch 8 --json 2>/dev/null | tail -1)"
-    fi
+    fer1 ferrum "$1" "$2"
+    [ -z "${ALSO_ISA:-}" ] || fer1 "ferrum-$ALSO_ISA" "$1" "$2" "$ALSO_ISA"
   }
   local r=0
   while ((r == 0 || $(date +%s) - T0 < BUDGET)); do
@@ -115,12 +116,12 @@ for line in open(sys.argv[1]):
     engine, model, r, rest = (line.split(" ", 3) + ["", "", ""])[:4]
     rest = rest.strip()
     try:
-        if engine == "ferrum":
-            j = json.loads(rest)
-            runs[model, r].update(fpp=j["pp_tok_s"], ftg=j["tg_tok_s"], fb=j["batch_tok_s"])
-        elif engine.startswith("ferrum-"):
-            j = json.loads(rest)
-            runs[model, r].update(isa=engine[7:], xpp=j["pp_tok_s"], xtg=j["tg_tok_s"], xb=j["batch_tok_s"])
+        if engine.startswith("ferrum"):
+            # "ferrum": as detected (f...); "ferrum-ISA": capped (x...).
+            j, p = json.loads(rest), "f" if engine == "ferrum" else "x"
+            runs[model, r].update({p + "pp": j["pp_tok_s"], p + "tg": j["tg_tok_s"], p + "b": j["batch_tok_s"]})
+            if p == "x":
+                runs[model, r]["isa"] = engine[len("ferrum-"):]
         elif engine == "llama":
             lpp, ltg = map(float, rest.split())
             runs[model, r].update(lpp=lpp, ltg=ltg)
