@@ -187,14 +187,10 @@ fn spin(state: &Awake) {
         }
         if asked_recently(state) {
             park_for = FIRST_PARK;
-            if super::profile::enabled() {
-                let during_op = state.active.load(Ordering::SeqCst) > 0;
-                let t = Instant::now();
-                std::thread::yield_now();
-                super::profile::add_idle(during_op, t.elapsed());
-            } else {
-                std::thread::yield_now();
-            }
+            super::profile::timed_wait(
+                || state.active.load(Ordering::SeqCst) > 0,
+                std::thread::yield_now,
+            );
             continue;
         }
         let held = state.lock.lock().unwrap_or_else(PoisonError::into_inner);

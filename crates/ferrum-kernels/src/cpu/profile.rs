@@ -10,7 +10,7 @@
 //! slower than a plain one; compare shares, not its tokens per second.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// The ops a profile tells apart (the CPU backend's trait methods, some
@@ -67,6 +67,10 @@ static CALLS: [AtomicU64; OPS] = [const { AtomicU64::new(0) }; OPS];
 /// The pool's other threads' waits for work, while an op ran and not.
 static IDLE_IN_OPS: AtomicU64 = AtomicU64::new(0);
 static IDLE_BETWEEN: AtomicU64 = AtomicU64::new(0);
+/// Pool threads inside a counted wait ([`timed_wait`]). Turning profiling
+/// off waits for them, so that no wait which began while it was on lands
+/// after the caller's next [`take`].
+static WAITING: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
     /// Spans open on this thread: only the outermost is counted, so an op
@@ -77,9 +81,15 @@ thread_local! {
     static CARVED: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Turns profiling on or off for the whole process.
+/// Turns profiling on or off for the whole process. Turning it off
+/// returns once no pool thread is still inside a counted wait.
 pub fn set_enabled(on: bool) {
-    ENABLED.store(on, Ordering::Relaxed);
+    ENABLED.store(on, Ordering::SeqCst);
+    // A thread that saw `ENABLED` on had raised `WAITING` before this
+    // store (both `SeqCst`), so this load sees it until its wait is added.
+    while !on && WAITING.load(Ordering::SeqCst) > 0 {
+        std::thread::yield_now();
+    }
 }
 
 pub(crate) fn enabled() -> bool {
@@ -146,14 +156,27 @@ impl Drop for Phase {
     }
 }
 
-/// Counts a pool thread's wait for work of `took`, during an op or not.
-pub(crate) fn add_idle(during_op: bool, took: Duration) {
-    let to = if during_op {
-        &IDLE_IN_OPS
+/// Runs `wait` (a pool thread's wait for work) and, where profiling is
+/// on, counts its time as idle, during an op or between ops as
+/// `during_op` says.
+pub(crate) fn timed_wait(during_op: impl FnOnce() -> bool, wait: impl FnOnce()) {
+    if !enabled() {
+        return wait();
+    }
+    WAITING.fetch_add(1, Ordering::SeqCst);
+    if ENABLED.load(Ordering::SeqCst) {
+        let to = if during_op() {
+            &IDLE_IN_OPS
+        } else {
+            &IDLE_BETWEEN
+        };
+        let t = Instant::now();
+        wait();
+        to.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
     } else {
-        &IDLE_BETWEEN
-    };
-    to.fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+        wait();
+    }
+    WAITING.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// What [`take`] read since the last call.
