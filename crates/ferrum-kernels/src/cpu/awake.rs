@@ -226,10 +226,11 @@ mod tests {
         POOL.with(|p| p.borrow().clone())
     }
 
-    /// Waits up to a second for `cond`.
+    /// Waits for `cond`, up to ten seconds: on a loaded two-core CI
+    /// machine a spinner may wait long for a time slice before it parks.
     fn soon(cond: impl Fn() -> bool) -> bool {
         let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(1) {
+        while t.elapsed() < Duration::from_secs(10) {
             if cond() {
                 return true;
             }
