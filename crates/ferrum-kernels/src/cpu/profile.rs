@@ -164,17 +164,17 @@ pub(crate) fn timed_wait(during_op: impl FnOnce() -> bool, wait: impl FnOnce()) 
         return wait();
     }
     WAITING.fetch_add(1, Ordering::SeqCst);
-    if ENABLED.load(Ordering::SeqCst) {
+    let counted = ENABLED.load(Ordering::SeqCst).then(|| {
         let to = if during_op() {
             &IDLE_IN_OPS
         } else {
             &IDLE_BETWEEN
         };
-        let t = Instant::now();
-        wait();
+        (to, Instant::now())
+    });
+    wait();
+    if let Some((to, t)) = counted {
         to.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    } else {
-        wait();
     }
     WAITING.fetch_sub(1, Ordering::SeqCst);
 }
