@@ -373,42 +373,54 @@ pub trait Backend: Send + Sync + Sized + 'static {
     // ── Graph capture (decode-step replay; GPU backends only) ─────────────
     //
     // A decode step is the same launch sequence every token, so a GPU backend
-    // captures it once and replays it, removing per-launch overhead. The loop:
-    // `set_decode_state` writes token and position into device memory; try
-    // `replay_last_graph`; if it returns `Ok(false)` (nothing captured) or an
-    // error (unsupported), run the step eagerly, optionally bracketed by
-    // `set_dev_state_mode(true)` + `begin_graph_capture` and
-    // `end_graph_capture` + `set_dev_state_mode(false)` to record it.
+    // captures it once and replays it, removing per-launch overhead. The loop
+    // (the model's, for an all-decode batch): look the tokens up; then
+    // `set_decode_state` writes the step's positions, lengths and block
+    // tables to device memory; `replay_graph(key)`; if it returns `Ok(false)`,
+    // `begin_graph_capture(key)`, the step's ops, `end_graph_capture`, and
+    // `replay_graph(key)` to run it. Where capture is unsupported or turned
+    // off (`Err`), the same ops run eagerly: output is the same either way.
     //
-    // Status: the seed's hooks, kept as stubs. No backend overrides them
-    // yet and no model calls them; the CUDA decode issue (device-resident
-    // step, CUDA graphs) implements them for `CudaBackend`.
+    // Against the seed: `set_decode_state` takes the batch's segments, not
+    // one token and step (the token ids are looked up before the captured
+    // part: quantized tables are read on the host); graphs are kept per key
+    // (a server's batches change size), not as one "last graph"; and the
+    // seed's `set_dev_state_mode` is gone, because the ops such a step uses
+    // (`decode_rows_qkv`, `paged_attention_segments`) always read their
+    // per-step values from device memory.
 
-    /// Copies the per-step scalars (token id, position) to device memory.
-    fn set_decode_state(_ctx: &mut Self::Context, _token: u32, _step: u32) {}
+    /// Whether the backend captures decode steps. Models then prepare a
+    /// decode batch of any size through `decode_rows_qkv` and
+    /// `paged_attention_segments`, so that a step's launches depend on the
+    /// batch size alone.
+    const GRAPHS: bool = false;
 
-    /// Switches kernels between taking dynamic scalars as launch arguments
-    /// (`false`) and reading them from device memory (`true`), which is what
-    /// makes a captured graph valid for every later step.
-    fn set_dev_state_mode(_ctx: &mut Self::Context, _enable: bool) {}
+    /// Copies a decode step's per-sequence state (positions, lengths, block
+    /// tables: the segments its attention ops will be given, with `cfg`) to
+    /// device memory, where a replayed step reads it, and grows what the
+    /// step's ops will need (a capture cannot allocate).
+    fn set_decode_state(_ctx: &mut Self::Context, _segs: &[AttnSegment], _cfg: &AttnConfig) {}
 
-    /// Starts recording launches into a graph instead of running them.
-    fn begin_graph_capture(_ctx: &mut Self::Context) -> Result<()> {
+    /// Starts recording launches into a graph to be kept under `key`.
+    fn begin_graph_capture(_ctx: &mut Self::Context, _key: u64) -> Result<()> {
         Err(FerrumError::unsupported("graph capture not supported"))
     }
 
-    /// Stops recording and keeps the graph as the context's last graph.
+    /// Stops recording and keeps the graph under the key capture began
+    /// with.
     fn end_graph_capture(_ctx: &mut Self::Context) -> Result<()> {
         Err(FerrumError::unsupported("graph capture not supported"))
     }
 
-    /// Replays the last captured graph; `Ok(false)` when there is none.
-    fn replay_last_graph(_ctx: &mut Self::Context) -> Result<bool> {
+    /// Replays the graph kept under `key`; `Ok(false)` when there is none
+    /// (never captured, or dropped because a buffer it used was replaced).
+    fn replay_graph(_ctx: &mut Self::Context, _key: u64) -> Result<bool> {
         Ok(false)
     }
 
-    /// Forgets the captured graph. Must be called before the KV cache it
-    /// was captured against is freed: the graph holds its raw addresses.
+    /// Forgets every captured graph. Must be called before buffers a graph
+    /// was captured against are freed or replaced: it holds their
+    /// addresses.
     fn reset_graph(_ctx: &mut Self::Context) {}
 
     // ── GPTQ ──────────────────────────────────────────────────────────────

@@ -18,4 +18,4 @@ pub use backend::{
 pub use cpu::{CpuBackend, CpuBuffer, CpuDtype, CpuGptqWeight};
 #[cfg(feature = "cuda")]
 pub use cuda::CudaBackend;
-pub use paged::{copy_append, gather_attention, rows_by_parts};
+pub use paged::{copy_append, encode_segments, gather_attention, rows_by_parts};

@@ -104,3 +104,24 @@ pub fn rows_by_parts<B: Backend>(
         B::paged_kv_append(ctx, k_pool, v_pool, &s.pages, p, &kh, &vh, 1, nkv, hd);
     }
 }
+
+/// The words a GPU's paged kernels read for `segs` (`Seg` in the CUDA
+/// source): five per segment (its query offset, queries, keys, first
+/// position, and where its block table starts among the tables), then the
+/// block tables, each cut to the blocks its keys reach (callers have
+/// checked that the tables reach that far). `words` is cleared
+/// first (callers keep one to reuse).
+pub fn encode_segments(words: &mut Vec<u32>, segs: &[AttnSegment]) {
+    words.clear();
+    let mut table_at = 0;
+    for s in segs {
+        let blocks = s.kv_len.div_ceil(s.pages.block_size.max(1));
+        words.extend([s.offset, s.q_len, s.kv_len, s.pos_offset, table_at].map(|v| v as u32));
+        table_at += blocks;
+    }
+    for s in segs {
+        let blocks = s.kv_len.div_ceil(s.pages.block_size.max(1));
+        let table = s.pages.block_table;
+        words.extend_from_slice(&table[..blocks.min(table.len())]);
+    }
+}

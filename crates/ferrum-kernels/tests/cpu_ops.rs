@@ -1211,15 +1211,15 @@ fn check_documented_defaults<Bk: Backend>() {
     );
     let mla = Bk::mla_attention(&mut ctx, &a, &a, &a, &mut out, 1, 1, 1, 0, &cfg, 4, 4);
     assert!(mla.unwrap_err().is_unsupported());
-    assert!(Bk::begin_graph_capture(&mut ctx)
+    assert!(!Bk::GRAPHS);
+    assert!(Bk::begin_graph_capture(&mut ctx, 1)
         .unwrap_err()
         .is_unsupported());
     assert!(Bk::end_graph_capture(&mut ctx)
         .unwrap_err()
         .is_unsupported());
-    assert!(!Bk::replay_last_graph(&mut ctx).unwrap());
-    Bk::set_decode_state(&mut ctx, 1, 2);
-    Bk::set_dev_state_mode(&mut ctx, true);
+    assert!(!Bk::replay_graph(&mut ctx, 1).unwrap());
+    Bk::set_decode_state(&mut ctx, &[], &AttnConfig::default());
     Bk::reset_graph(&mut ctx);
     Bk::sync(&mut ctx);
 

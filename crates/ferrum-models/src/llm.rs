@@ -54,10 +54,10 @@ pub struct KvPoolConfig {
     /// How many sequences at full capacity the default pool holds (4).
     /// Callers that know they run more at once (`ferrum bench --batch`)
     /// raise it: a backend that gives each sequence one block of its whole
-    /// capacity (CUDA today) fits no more sequences than this.
+    /// capacity fits no more sequences than this.
     pub sequences: usize,
     /// Positions per block; 0 lets the backend choose
-    /// (`Backend::kv_block_size`: 16 on the CPU).
+    /// (`Backend::kv_block_size`: 16 on the CPU and CUDA).
     pub block_size: usize,
     /// Keep and share full blocks of earlier prompts.
     pub prefix_caching: bool,

@@ -1,25 +1,27 @@
 //! The CUDA backend (`--features cuda`): cuBLAS for dense GEMM, NVRTC-
-//! compiled kernels (`kernels.cu`) for everything else, GGUF weights kept in
+//! compiled kernels (`kernels/`) for everything else, GGUF weights kept in
 //! their blocks on the device.
 //!
 //! Built with `cudarc`'s dynamic loading, so it compiles on machines without
 //! CUDA; [`CudaBackend::init`] reports a missing driver or GPU as an error.
 //!
 //! Status: every required op is implemented and checked against the CPU
-//! backend. Attention is one warp per query, split over the keys for decode
-//! (flash-decoding); prefill attention is not tiled yet, dense GEMM runs in
-//! f32 (no bf16 weights yet) and graph capture keeps the trait's defaults.
-
-mod device;
+//! backend. Decode GEMVs run on q8_1 activations with integer dot products
+//! (`gemm.rs`); prefill GEMMs dequantize to bf16 for the tensor cores.
+//! Paged attention and the paged KV writes are kernels over block tables
+//! (`attention.rs`), one launch for all the sequences of a batch; attention
+//! is one warp per query, split over the keys for decode (flash-decoding).
+//! Prefill attention is not tiled yet, KV is f32 and graph capture keeps
+//! the trait's defaults.
 
 use std::sync::Arc;
 
-use cudarc::cublas::{sys::cublasOperation_t, Gemm, GemmConfig};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use ferrum_types::{FerrumError, Result};
 
 use crate::backend::{
-    AttnConfig, Backend, ExpertRows, GgufQuantType, QkMode, QuantKind, QuantWeights,
+    AttnConfig, AttnSegment, Backend, ExpertRows, GgufQuantType, PagedKv, QkMode, QuantKind,
+    QuantWeights,
 };
 
 /// `Backend` on an NVIDIA GPU.
@@ -55,6 +57,14 @@ impl CudaContext {
     }
 }
 
+pub use device::precompile;
+
+/// The kernels' source as NVRTC compiles it (the files of `kernels/`, in
+/// order), for the compile test that needs no GPU.
+pub fn kernel_source() -> &'static str {
+    device::SOURCE
+}
+
 impl CudaBackend {
     /// Opens `cuda:ordinal` for the rest of the process. Call before any
     /// other use; a missing driver, library or GPU is an error, not a crash.
@@ -66,6 +76,33 @@ impl CudaBackend {
     /// other `init` failure is a real error).
     pub fn device_present() -> bool {
         device::present()
+    }
+
+    /// Turns decode-step capture on or off for the rest of the process
+    /// (`FERRUM_CUDA_GRAPHS=0` starts it off); dropping every graph. For
+    /// comparing the two in one process (tests, benchmarks).
+    pub fn set_graphs(on: bool) -> Result<()> {
+        let d = device::init(0)?;
+        let mut g = lock(&d.graphs);
+        g.enabled = on;
+        g.invalidate();
+        Ok(())
+    }
+
+    /// f32 activations in every GEMM on blocks (see `FERRUM_CUDA_F32`) on
+    /// or off for the rest of the process, dropping every graph: the
+    /// reference a test compares the fast kernels' models against.
+    pub fn set_f32_activations(on: bool) -> Result<()> {
+        let d = device::init(0)?;
+        d.f32_activations
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        lock(&d.graphs).invalidate();
+        Ok(())
+    }
+
+    /// How many captured steps the device holds now.
+    pub fn captured_graphs() -> usize {
+        device::init(0).map_or(0, |d| lock(&d.graphs).len())
     }
 
     /// The device's name and compute capability, once initialised.
@@ -85,16 +122,6 @@ fn linear(n: usize) -> LaunchConfig {
         shared_mem_bytes: 0,
     }
 }
-
-/// Rows per expert up to which `gemm_quant_experts` runs an expert in the
-/// grouped GEMV (tiles of 8 rows that each read the expert's blocks, the
-/// repeats mostly from L2); an expert with more rows (prefill) is
-/// dequantized once and multiplied by cuBLAS.
-const GROUPED_GEMV_ROWS: usize = 64;
-
-/// Output columns a warp of `gemv_q4_k` computes (`Q4K_COLS` in
-/// kernels.cu).
-const Q4K_COLS: usize = 4;
 
 /// One block of `threads` per row.
 fn per_row(rows: usize, threads: u32) -> LaunchConfig {
@@ -138,80 +165,11 @@ macro_rules! launch {
     }};
 }
 
-fn quant_name(t: GgufQuantType) -> &'static str {
-    match t {
-        GgufQuantType::Q4_0 => "q4_0",
-        GgufQuantType::Q4_1 => "q4_1",
-        GgufQuantType::Q5_0 => "q5_0",
-        GgufQuantType::Q5_1 => "q5_1",
-        GgufQuantType::Q8_0 => "q8_0",
-        GgufQuantType::Q2K => "q2_k",
-        GgufQuantType::Q3K => "q3_k",
-        GgufQuantType::Q4K => "q4_k",
-        GgufQuantType::Q5K => "q5_k",
-        GgufQuantType::Q6K => "q6_k",
-    }
-}
-
-/// `out[m, n] = a[m, k] · w[n, k]ᵀ` with cuBLAS (column-major: outᵀ = w · aᵀ).
-fn sgemm(
-    ctx: &mut CudaContext,
-    a: &impl DevicePtr<f32>,
-    w: &impl DevicePtr<f32>,
-    out: &mut impl DevicePtrMut<f32>,
-    m: usize,
-    n: usize,
-    k: usize,
-) {
-    let cfg = GemmConfig {
-        transa: cublasOperation_t::CUBLAS_OP_T,
-        transb: cublasOperation_t::CUBLAS_OP_N,
-        m: i(n),
-        n: i(m),
-        k: i(k),
-        alpha: 1.0f32,
-        lda: i(k),
-        ldb: i(k),
-        beta: 0.0f32,
-        ldc: i(n),
-    };
-    if ctx.error.is_some() {
-        return;
-    }
-    // SAFETY: a holds m·k, w n·k and out m·n values (the gemm contract).
-    let r = unsafe { device::get().blas.gemm(cfg, w, a, out) };
-    ctx.check(r, "cuBLAS sgemm");
-}
-
-/// `out[m, n] = a[m, k] · dequant(w)[n, k]ᵀ` for many rows: the blocks of
-/// `w` (type `t`) dequantized into the shared scratch, then cuBLAS.
-#[allow(clippy::too_many_arguments)]
-fn dequant_sgemm(
-    ctx: &mut CudaContext,
-    t: &str,
-    w: &CudaSlice<f32>,
-    a: &impl DevicePtr<f32>,
-    out: &mut impl DevicePtrMut<f32>,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<()> {
-    let mut guard = scratch(&device::get().scratch, n * k);
-    let Some(scratch) = guard.as_mut() else {
-        return Err(FerrumError::Device("scratch allocation failed".into()));
-    };
-    launch!(
-        ctx,
-        &format!("dequant_{t}"),
-        linear(n * k),
-        w,
-        &mut *scratch,
-        &i(n),
-        &i(k)
-    );
-    sgemm(ctx, a, &*scratch, out, m, n, k);
-    Ok(())
-}
+mod attention;
+mod device;
+mod gemm;
+mod graphs;
+mod meta;
 
 /// A mixture step's expert rows and router weights on the device, for
 /// `scale_add_rows` / `gather_add_rows`; `None` with the failure recorded.
@@ -229,6 +187,15 @@ fn upload_rows(
 
 type ScratchSlot = std::sync::Mutex<Option<CudaSlice<f32>>>;
 
+/// A lock that survives a panic elsewhere (the data are buffers and
+/// caches, valid whatever was interrupted).
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
 /// Locks a scratch slot holding at least `len` floats (grown on demand).
 /// Launches on the one stream run in order, so reuse across calls is safe.
 fn scratch(slot: &ScratchSlot, len: usize) -> std::sync::MutexGuard<'_, Option<CudaSlice<f32>>> {
@@ -237,6 +204,8 @@ fn scratch(slot: &ScratchSlot, len: usize) -> std::sync::MutexGuard<'_, Option<C
         Err(p) => p.into_inner(),
     };
     if guard.as_ref().is_none_or(|s| s.len() < len) {
+        // Captured steps hold the old buffer's address.
+        lock(&device::get().graphs).invalidate();
         *guard = Some(CudaBackend::alloc(len));
     }
     guard
@@ -252,6 +221,71 @@ impl Backend for CudaBackend {
             stream: device::get().stream.clone(),
             error: None,
         }
+    }
+
+    const GRAPHS: bool = true;
+
+    fn set_decode_state(ctx: &mut CudaContext, segs: &[AttnSegment], cfg: &AttnConfig) {
+        attention::prepare_step(ctx, segs, cfg);
+    }
+
+    /// Refused while `FERRUM_CUDA_GRAPHS=0`. The graph is kept under `key`
+    /// and the step's attention shape (`attention::step_shape`), so a
+    /// sequence growing past a split boundary is captured anew.
+    fn begin_graph_capture(ctx: &mut CudaContext, key: u64) -> Result<()> {
+        let mut g = lock(&device::get().graphs);
+        if !g.enabled {
+            return Err(FerrumError::unsupported(
+                "CUDA graphs are off (FERRUM_CUDA_GRAPHS=0)",
+            ));
+        }
+        if let Some(e) = &ctx.error {
+            return Err(FerrumError::Device(e.clone()));
+        }
+        let mode = cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        ctx.stream
+            .begin_capture(mode)
+            .map_err(|e| FerrumError::Device(format!("CUDA graph capture: {e:?}")))?;
+        g.capturing = Some(attention::step_key(key));
+        Ok(())
+    }
+
+    fn end_graph_capture(ctx: &mut CudaContext) -> Result<()> {
+        let mut g = lock(&device::get().graphs);
+        let Some(key) = g.capturing.take() else {
+            return Err(FerrumError::invalid("end_graph_capture without a capture"));
+        };
+        let flags = cudarc::driver::sys::CUgraphInstantiate_flags(0);
+        let graph = ctx.stream.end_capture(flags);
+        if let Some(e) = &ctx.error {
+            return Err(FerrumError::Device(e.clone()));
+        }
+        match graph {
+            Ok(Some(graph)) => {
+                g.insert(key, graph);
+                Ok(())
+            }
+            Ok(None) => Err(FerrumError::Device(
+                "CUDA graph capture recorded nothing".into(),
+            )),
+            Err(e) => Err(FerrumError::Device(format!("CUDA graph capture: {e:?}"))),
+        }
+    }
+
+    fn replay_graph(ctx: &mut CudaContext, key: u64) -> Result<bool> {
+        let g = lock(&device::get().graphs);
+        let Some(graph) = g.get(attention::step_key(key)) else {
+            return Ok(false);
+        };
+        if ctx.error.is_none() {
+            let r = graph.launch();
+            ctx.check(r, "CUDA graph launch");
+        }
+        Ok(true)
+    }
+
+    fn reset_graph(_ctx: &mut CudaContext) {
+        lock(&device::get().graphs).invalidate();
     }
 
     fn sync(ctx: &mut CudaContext) {
@@ -274,7 +308,7 @@ impl Backend for CudaBackend {
         n: usize,
         k: usize,
     ) {
-        sgemm(ctx, a, b, out, m, n, k);
+        gemm::sgemm(ctx, a, b, out, m, n, k);
     }
 
     fn rms_norm(
@@ -333,89 +367,97 @@ impl Backend for CudaBackend {
         pos_offset: usize,
         cfg: &AttnConfig,
     ) {
-        if cfg.head_dim > 256 {
-            return ctx.fail(format!(
-                "CUDA attention supports head_dim up to 256, got {}",
-                cfg.head_dim
-            ));
-        }
-        let stride = if cfg.kv_seq_stride == 0 {
-            kv_len
-        } else {
-            cfg.kv_seq_stride
+        attention::attend_contiguous(ctx, q, k, v, out, batch, q_len, kv_len, pos_offset, cfg);
+    }
+
+    /// Blocks of 16 positions: the paged kernels read through block
+    /// tables, so small blocks cost nothing and let the pool hold as many
+    /// sequences as their lengths allow (one block per sequence held four).
+    fn kv_block_size(_capacity: usize) -> usize {
+        16
+    }
+
+    fn paged_attention(
+        ctx: &mut CudaContext,
+        q: &Self::Buffer,
+        k_pool: &Self::Buffer,
+        v_pool: &Self::Buffer,
+        pages: &PagedKv,
+        out: &mut Self::Buffer,
+        q_len: usize,
+        kv_len: usize,
+        pos_offset: usize,
+        cfg: &AttnConfig,
+    ) {
+        let seg = AttnSegment {
+            pages: *pages,
+            offset: 0,
+            q_len,
+            kv_len,
+            pos_offset,
         };
-        let warps = batch * cfg.num_heads * q_len;
-        // Split the keys when there are too few queries to fill the GPU
-        // (decode) and enough keys to share out: ~256 keys per split.
-        let splits = if warps < 1024 && kv_len > 512 {
-            kv_len.div_ceil(256).min(64)
-        } else {
-            1
-        };
-        let hd = cfg.head_dim;
-        // Keys per shared-memory tile (K and V tiles fit in 32 KiB) for
-        // decode, where the block's warps are the heads of one GQA group;
-        // prefill reads K/V from L2 at full occupancy instead.
-        let tile = match (q_len, hd) {
-            (1, 0..=128) => 32,
-            (1, _) => 16,
-            _ => 0,
-        };
-        let group = cfg.num_heads / cfg.num_kv_heads;
-        let blocks = batch * cfg.num_kv_heads * (q_len * group).div_ceil(4);
-        let lc = LaunchConfig {
-            grid_dim: (blocks as u32, splits as u32, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: (2 * tile * hd * 4) as u32,
-        };
-        let need = if splits > 1 {
-            warps * splits * (hd + 2)
-        } else {
-            1
-        };
-        let mut guard = scratch(&device::get().attn_scratch, need);
-        let Some(part) = guard.as_mut() else {
-            return ctx.fail("attention scratch allocation failed".into());
-        };
-        launch!(
+        attention::attend(ctx, q, k_pool, v_pool, &[seg], out, cfg);
+    }
+
+    const SEGMENTED_ATTENTION: bool = true;
+
+    fn paged_attention_segments(
+        ctx: &mut CudaContext,
+        q: &Self::Buffer,
+        k_pool: &Self::Buffer,
+        v_pool: &Self::Buffer,
+        segs: &[AttnSegment],
+        out: &mut Self::Buffer,
+        cfg: &AttnConfig,
+    ) {
+        attention::attend(ctx, q, k_pool, v_pool, segs, out, cfg);
+    }
+
+    fn paged_kv_append(
+        ctx: &mut CudaContext,
+        k_pool: &mut Self::Buffer,
+        v_pool: &mut Self::Buffer,
+        pages: &PagedKv,
+        pos: usize,
+        new_k_head_major: &Self::Buffer,
+        new_v_head_major: &Self::Buffer,
+        new_tokens: usize,
+        nkv: usize,
+        hd: usize,
+    ) {
+        attention::append(
             ctx,
-            "attention",
-            lc,
-            q,
-            k,
-            v,
-            &mut *out,
-            &mut *part,
-            &i(cfg.num_heads),
-            &i(cfg.num_kv_heads),
-            &i(q_len),
-            &i(kv_len),
-            &i(stride),
-            &i(hd),
-            &i(pos_offset),
-            &i(cfg.causal as usize),
-            &cfg.scale,
-            &i(cfg.sliding_window),
-            &i(tile),
-            &cfg.softcap
+            k_pool,
+            v_pool,
+            pages,
+            pos,
+            new_k_head_major,
+            new_v_head_major,
+            new_tokens,
+            nkv,
+            hd,
         );
-        if splits > 1 {
-            let lc = LaunchConfig {
-                grid_dim: (warps.div_ceil(4) as u32, 1, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            launch!(
-                ctx,
-                "attention_combine",
-                lc,
-                &*part,
-                out,
-                &i(warps),
-                &i(splits),
-                &i(hd)
-            );
-        }
+    }
+
+    const ROW_QKV: bool = true;
+
+    fn decode_rows_qkv(
+        ctx: &mut CudaContext,
+        qkv: [&Self::Buffer; 3],
+        norms: [&Self::Buffer; 2],
+        cos: &Self::Buffer,
+        sin: &Self::Buffer,
+        q_out: &mut Self::Buffer,
+        k_pool: &mut Self::Buffer,
+        v_pool: &mut Self::Buffer,
+        segs: &[AttnSegment],
+        cfg: &AttnConfig,
+        eps: f32,
+        mode: QkMode,
+    ) {
+        attention::rows_qkv(
+            ctx, qkv, norms, cos, sin, q_out, k_pool, v_pool, segs, cfg, eps, mode,
+        );
     }
 
     fn copy_slice(
@@ -753,65 +795,33 @@ impl Backend for CudaBackend {
                 "CUDA gemm_quant({kind:?}): only GGUF block formats"
             )));
         };
-        let t = quant_name(*quant_type);
         let w = weights.qweight;
         // An act-order weight's input order (see `QuantWeights`): the
         // activation is gathered once, then the block kernels run as usual.
-        let mut reordered = weights
-            .g_idx
-            .map(|_| scratch(&device::get().reorder_scratch, m * k));
-        let a = match (weights.g_idx, reordered.as_mut()) {
-            (Some(order), Some(guard)) => {
-                let Some(buf) = guard.as_mut() else {
-                    return Err(FerrumError::Device("scratch allocation failed".into()));
-                };
-                launch!(
-                    ctx,
-                    "gather_columns",
-                    linear(m * k),
-                    a,
-                    order,
-                    &mut *buf,
-                    &i(m),
-                    &i(k)
-                );
-                &*buf
-            }
-            _ => a,
+        let Some(order) = weights.g_idx else {
+            return gemm::gemm_blocks(ctx, *quant_type, w, a, out, m, n, k);
         };
-        if m <= 8 {
-            // A warp per output column (Q4_K: per Q4K_COLS) reads the
-            // blocks once for all m rows.
-            let warps = match quant_type {
-                GgufQuantType::Q4K => n.div_ceil(Q4K_COLS),
-                _ => n,
-            };
-            let lc = LaunchConfig {
-                grid_dim: ((warps * 32).div_ceil(256) as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            launch!(
-                ctx,
-                &format!("gemv_{t}"),
-                lc,
-                w,
-                a,
-                out,
-                &i(m),
-                &i(n),
-                &i(k)
-            );
-            return Ok(());
-        }
-        dequant_sgemm(ctx, t, w, a, out, m, n, k)
+        let mut guard = scratch(&device::get().reorder_scratch, m * k);
+        let Some(buf) = guard.as_mut() else {
+            return Err(FerrumError::Device("scratch allocation failed".into()));
+        };
+        launch!(
+            ctx,
+            "gather_columns",
+            linear(m * k),
+            a,
+            order,
+            &mut *buf,
+            &i(m),
+            &i(k)
+        );
+        gemm::gemm_blocks(ctx, *quant_type, w, &*buf, out, m, n, k)
     }
 
     const GROUPED_EXPERTS: bool = true;
 
-    /// Experts with at most [`GROUPED_GEMV_ROWS`] rows share one launch
-    /// (a table of 8-row tiles: weight pointer, first row, rows); the rest
-    /// are dequantized and multiplied by cuBLAS one by one.
+    /// Experts with few rows share one launch of the q8_1 GEMV; see
+    /// `gemm::gemm_experts`.
     fn gemm_quant_experts(
         ctx: &mut CudaContext,
         a: &Self::Buffer,
@@ -821,45 +831,6 @@ impl Backend for CudaBackend {
         k: usize,
         quant_type: GgufQuantType,
     ) -> Result<()> {
-        let t = quant_name(quant_type);
-        let stream = ctx.stream.clone();
-        let mut tiles: Vec<u64> = Vec::new();
-        for g in groups.iter().filter(|g| g.rows > 0) {
-            if g.rows > GROUPED_GEMV_ROWS {
-                let rows_a = a.slice(g.start * k..(g.start + g.rows) * k);
-                let mut rows_out = out.slice_mut(g.start * n..(g.start + g.rows) * n);
-                dequant_sgemm(ctx, t, g.weights, &rows_a, &mut rows_out, g.rows, n, k)?;
-                continue;
-            }
-            // The pointer is read by kernels queued on this same stream.
-            let (ptr, _sync) = g.weights.device_ptr(&stream);
-            for r0 in (0..g.rows).step_by(8) {
-                let rows = (g.rows - r0).min(8);
-                tiles.extend([ptr, (g.start + r0) as u64 | (rows as u64) << 32]);
-            }
-        }
-        if tiles.is_empty() {
-            return Ok(());
-        }
-        let r = ctx.stream.clone_htod(&tiles);
-        let Some(dev_tiles) = ctx.check(r, "upload of expert tiles") else {
-            return Ok(());
-        };
-        let lc = LaunchConfig {
-            grid_dim: ((n * 32).div_ceil(256) as u32, (tiles.len() / 2) as u32, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        launch!(
-            ctx,
-            &format!("gemv_experts_{t}"),
-            lc,
-            &dev_tiles,
-            a,
-            out,
-            &i(n),
-            &i(k)
-        );
-        Ok(())
+        gemm::gemm_experts(ctx, a, groups, out, n, k, quant_type)
     }
 }

@@ -41,8 +41,40 @@ use crate::paged::{check_tokens, BatchItem, KvPool, PagedLlm};
 /// 32K-token cache per sequence up front.
 pub const DEFAULT_KV_CAPACITY: usize = 4096;
 
-/// Sequences per [`Backend::paged_attention_segments`] call.
+/// Sequences per [`Backend::paged_attention_segments`] call (the CPU's).
 const ATTN_CHUNK: usize = 16;
+
+/// The same for backends that capture decode steps ([`Backend::GRAPHS`]):
+/// a captured step's segments are one set for every layer, so batches of up
+/// to this many sequences are captured.
+const GRAPH_CHUNK: usize = 64;
+
+/// Sequences per segments call on backend `B`.
+fn attn_chunk<B: Backend>() -> usize {
+    if B::GRAPHS {
+        GRAPH_CHUNK
+    } else {
+        ATTN_CHUNK
+    }
+}
+
+/// Tells each model its own graph keys apart from other models' (a draft
+/// model shares the device with its target).
+static NEXT_GRAPH_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A model's captured decode steps (see [`Backend::GRAPHS`]).
+struct Graphs {
+    /// This model's part of every graph key.
+    id: u64,
+    /// The scratch generation the graphs were captured against.
+    generation: u64,
+    /// Batch sizes that ran eagerly since then: a step is captured the
+    /// second time its size comes, once every buffer has grown to it.
+    warm: Vec<usize>,
+    /// Capture is off (`FERRUM_CUDA_GRAPHS=0`) or failed once: the same ops
+    /// run eagerly.
+    off: bool,
+}
 
 /// A placeholder for the unused places of a chunk of segments.
 const NO_SEGMENT: AttnSegment<'static> = AttnSegment {
@@ -59,6 +91,8 @@ const NO_SEGMENT: AttnSegment<'static> = AttnSegment {
 /// Reusable activation buffers, grown to the largest batch seen, so that a
 /// step allocates nothing once they have grown.
 struct Scratch<B: Backend> {
+    /// Bumped whenever a buffer is replaced (captured steps hold addresses).
+    generation: u64,
     rows: usize,
     seg_rows: usize,
     /// Rows the logits buffers hold.
@@ -99,6 +133,7 @@ impl<B: Backend> Scratch<B> {
     fn new() -> Self {
         let e = || B::alloc(0);
         Self {
+            generation: 0,
             rows: 0,
             seg_rows: 0,
             head_rows: 0,
@@ -153,6 +188,7 @@ impl<B: Backend> Scratch<B> {
                 self.heads_out = B::alloc(rows * qd);
             }
             self.rows = rows;
+            self.generation += 1;
         }
         if seg_rows > self.seg_rows {
             self.seg_q = B::alloc(seg_rows * qd);
@@ -164,6 +200,7 @@ impl<B: Backend> Scratch<B> {
             self.seg_attn = B::alloc(seg_rows * qd);
             self.seg_tok = B::alloc(seg_rows * qd);
             self.seg_rows = seg_rows;
+            self.generation += 1;
         }
     }
 
@@ -172,6 +209,7 @@ impl<B: Backend> Scratch<B> {
             self.sel = B::alloc(rows * c.hidden);
             self.head_out = B::alloc(rows * c.vocab);
             self.head_rows = rows;
+            self.generation += 1;
         }
     }
 }
@@ -193,6 +231,7 @@ pub struct LlamaModel<B: Backend> {
     mla_rope: Option<[B::Buffer; 4]>,
     /// Passed where an op ignores its norm weight.
     empty: B::Buffer,
+    graphs: Graphs,
 }
 
 impl<B: Backend> LlamaModel<B> {
@@ -315,6 +354,12 @@ impl<B: Backend> LlamaModel<B> {
             mla_scratch: MlaScratch::new(),
             mla_rope,
             empty: B::alloc(0),
+            graphs: Graphs {
+                id: NEXT_GRAPH_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                generation: 0,
+                warm: Vec::new(),
+                off: false,
+            },
         }
     }
 
@@ -332,14 +377,22 @@ impl<B: Backend> LlamaModel<B> {
         &self.cfg
     }
 
-    fn run_layers(&mut self, segs: &[BatchItem], rows: usize) -> Result<()> {
-        let (h, eps) = (self.cfg.hidden, self.cfg.rms_eps);
-        let ctx = &mut B::new_context();
+    /// The batch's token embeddings into `scratch.x`.
+    fn embed(&mut self, ctx: &mut B::Context, segs: &[BatchItem]) -> Result<()> {
         let s = &mut self.scratch;
         s.ids.clear();
         s.ids
             .extend(segs.iter().flat_map(|s| s.tokens.iter().copied()));
-        self.w.embed.lookup(ctx, &s.ids, &mut s.x, h, &mut s.host)?;
+        self.w
+            .embed
+            .lookup(ctx, &s.ids, &mut s.x, self.cfg.hidden, &mut s.host)
+    }
+
+    /// Every layer over the embedded batch, leaving the final-normed
+    /// hidden states in `scratch.xn`.
+    fn layers(&mut self, ctx: &mut B::Context, segs: &[BatchItem], rows: usize) -> Result<()> {
+        let (h, eps) = (self.cfg.hidden, self.cfg.rms_eps);
+        let s = &mut self.scratch;
         B::rms_norm(
             ctx,
             &s.x,
@@ -353,8 +406,94 @@ impl<B: Backend> LlamaModel<B> {
             self.attention(ctx, l, segs, rows)?;
             self.mlp(ctx, l, rows)?;
         }
+        Ok(())
+    }
+
+    /// Whether an all-decode batch runs as a captured step (see
+    /// [`Backend::GRAPHS`]): one token and its logits per sequence, one
+    /// chunk of segments, and no layer that routes on the host (mixtures)
+    /// or runs latent attention.
+    fn graph_step_fits(&self, segs: &[BatchItem]) -> bool {
+        B::GRAPHS
+            && !self.graphs.off
+            && segs.len() <= GRAPH_CHUNK
+            && segs
+                .iter()
+                .all(|s| s.tokens.len() == 1 && s.logits.rows(1) == 1)
+            && self
+                .w
+                .layers
+                .iter()
+                .all(|l| l.mla.is_none() && matches!(l.mlp, Mlp::Dense(_)))
+    }
+
+    /// A decode step through a captured graph: the embedding lookup and
+    /// the step's positions and block tables (`set_decode_state`) eagerly,
+    /// the layers and the head replayed. A batch size is captured the
+    /// second time it comes (the first grows every buffer to it); where
+    /// capture is off or fails, the same ops run eagerly, with the same
+    /// results.
+    fn decode_step(&mut self, segs: &[BatchItem], logits: &mut Vec<f32>) -> Result<()> {
+        let rows = segs.len();
+        self.scratch.ensure_head(&self.cfg, rows);
+        let ctx = &mut B::new_context();
+        if self.scratch.generation != self.graphs.generation {
+            B::reset_graph(ctx);
+            self.graphs.warm.clear();
+            self.graphs.generation = self.scratch.generation;
+        }
+        self.embed(ctx, segs)?;
+        let qd = self.cfg.heads * self.cfg.head_dim;
+        let mut chunk = [NO_SEGMENT; GRAPH_CHUNK];
+        for (i, (seg, at)) in segs.iter().zip(&mut chunk).enumerate() {
+            *at = AttnSegment {
+                pages: self.kv.pages(seg.block_table),
+                offset: i * qd,
+                q_len: 1,
+                kv_len: seg.pos + 1,
+                pos_offset: seg.pos,
+            };
+        }
+        // The attention ops' shapes (a layer's window or soft-cap changes
+        // nothing the backend prepares).
+        let attn = AttnConfig {
+            num_heads: self.cfg.heads,
+            num_kv_heads: self.cfg.kv_heads,
+            head_dim: self.cfg.head_dim,
+            causal: true,
+            ..AttnConfig::default()
+        };
+        B::set_decode_state(ctx, &chunk[..rows], &attn);
+        let key = self.graphs.id << 8 | rows as u64;
+        let mut done = B::replay_graph(ctx, key)?;
+        if !done && !self.graphs.off && self.graphs.warm.contains(&rows) {
+            if B::begin_graph_capture(ctx, key).is_ok() {
+                let ran = self
+                    .layers(ctx, segs, rows)
+                    .and_then(|()| self.head(ctx, segs));
+                let ended = B::end_graph_capture(ctx);
+                if let Err(e) = ran.and(ended) {
+                    tracing::warn!("decode steps run without graphs: capture failed ({e})");
+                } else {
+                    done = B::replay_graph(ctx, key)?;
+                }
+            }
+            if !done {
+                // Whatever the capture recorded did not run.
+                let _ = B::take_error(ctx);
+                self.graphs.off = true;
+            }
+        }
+        if !done {
+            self.layers(ctx, segs, rows)?;
+            self.head(ctx, segs)?;
+            if !self.graphs.warm.contains(&rows) {
+                self.graphs.warm.push(rows);
+            }
+        }
         B::sync(ctx);
         B::take_error(ctx)?;
+        self.read_logits(rows, logits);
         Ok(())
     }
 
@@ -408,17 +547,20 @@ impl<B: Backend> LlamaModel<B> {
         let qn = lw.q_norm.as_ref().unwrap_or(empty);
         let kn = lw.k_norm.as_ref().unwrap_or(empty);
         // A decode batch (one token per sequence) in two calls per chunk of
-        // ATTN_CHUNK sequences where the backend has kernels for them: one
+        // `attn_chunk` sequences where the backend has kernels for them: one
         // token's head-major rows are its token-major row, so nothing is
         // copied in or out.
-        let decode_rows = B::ROW_QKV && B::SEGMENTED_ATTENTION && segs.len() > 1;
+        // Backends that capture steps take this path for one sequence too:
+        // its ops read positions and tables from device memory.
+        let decode_rows = B::ROW_QKV && B::SEGMENTED_ATTENTION && (segs.len() > 1 || B::GRAPHS);
         if decode_rows && segs.iter().all(|s| s.tokens.len() == 1) {
-            for (c, part) in segs.chunks(ATTN_CHUNK).enumerate() {
-                let mut chunk = [NO_SEGMENT; ATTN_CHUNK];
+            let per = attn_chunk::<B>();
+            for (c, part) in segs.chunks(per).enumerate() {
+                let mut chunk = [NO_SEGMENT; GRAPH_CHUNK];
                 for (i, (seg, at)) in part.iter().zip(&mut chunk).enumerate() {
                     *at = AttnSegment {
                         pages: kv.pages(seg.block_table),
-                        offset: (c * ATTN_CHUNK + i) * qd,
+                        offset: (c * per + i) * qd,
                         q_len: 1,
                         kv_len: seg.pos + 1,
                         pos_offset: seg.pos,
@@ -709,8 +851,8 @@ impl<B: Backend> LlamaModel<B> {
     }
 
     /// Final-normed hidden states (`scratch.xn`) → logits of the wanted
-    /// rows, back to back in `logits`.
-    fn logits_into(&mut self, segs: &[BatchItem], logits: &mut Vec<f32>) -> Result<()> {
+    /// rows, back to back in `scratch.head_out`; returns how many rows.
+    fn head(&mut self, ctx: &mut B::Context, segs: &[BatchItem]) -> Result<usize> {
         let (h, vocab) = (self.cfg.hidden, self.cfg.vocab);
         let s = &mut self.scratch;
         s.picks.clear();
@@ -722,11 +864,9 @@ impl<B: Backend> LlamaModel<B> {
         }
         let rows = s.picks.len();
         if rows == 0 {
-            logits.clear();
-            return Ok(());
+            return Ok(0);
         }
         s.ensure_head(&self.cfg, rows);
-        let ctx = &mut B::new_context();
         for (i, &r) in s.picks.iter().enumerate() {
             B::copy_slice(ctx, &s.xn, r * h, &mut s.sel, i * h, h);
         }
@@ -739,18 +879,21 @@ impl<B: Backend> LlamaModel<B> {
                 return Err(FerrumError::invalid("tied head needs a dense table"))
             }
         }
-        B::sync(ctx);
-        B::take_error(ctx)?;
+        Ok(rows)
+    }
+
+    /// The `rows` logit rows `head` left on the device, into `logits`
+    /// (after the context synced).
+    fn read_logits(&mut self, rows: usize, logits: &mut Vec<f32>) {
         // Every element is overwritten: resizing a buffer already of this
         // size (each decode step of a steady batch) writes nothing.
-        logits.resize(rows * vocab, 0.0);
-        B::read_into(&s.head_out, logits);
+        logits.resize(rows * self.cfg.vocab, 0.0);
+        B::read_into(&self.scratch.head_out, logits);
         if let Some(cap) = self.cfg.final_softcap {
             for v in logits.iter_mut() {
                 *v = cap * (*v / cap).tanh();
             }
         }
-        Ok(())
     }
 }
 
@@ -776,8 +919,21 @@ impl<B: Backend> PagedLlm for LlamaModel<B> {
         let rows: usize = items.iter().map(|s| s.tokens.len()).sum();
         let seg_rows = items.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
         self.scratch.ensure(&self.cfg, rows, seg_rows);
-        self.run_layers(items, rows)?;
-        self.logits_into(items, logits)
+        if self.graph_step_fits(items) {
+            return self.decode_step(items, logits);
+        }
+        let ctx = &mut B::new_context();
+        self.embed(ctx, items)?;
+        self.layers(ctx, items, rows)?;
+        let picked = self.head(ctx, items)?;
+        B::sync(ctx);
+        B::take_error(ctx)?;
+        if picked == 0 {
+            logits.clear();
+            return Ok(());
+        }
+        self.read_logits(picked, logits);
+        Ok(())
     }
 
     fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {

@@ -51,6 +51,21 @@ pub fn assert_batch_equals_alone(what: &str, alone: &[Vec<f32>], together: &[Vec
     }
 }
 
+/// Prints how far batched logits are from alone ones (relative to the
+/// largest logit alone), for tests that bound them otherwise.
+#[allow(dead_code)] // not every test binary that shares this module uses it
+pub fn report_batch_difference(what: &str, alone: &[Vec<f32>], together: &[Vec<f32>]) {
+    let worst = together
+        .iter()
+        .zip(alone)
+        .map(|(x, y)| {
+            let scale = y.iter().fold(0f32, |m, v| m.max(v.abs()));
+            x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs())) / scale
+        })
+        .fold(0f32, f32::max);
+    eprintln!("{what}: batched within {worst:.2e} of the largest logit alone");
+}
+
 /// Decodes one token for each of `n` sequences (prompt prefixes of lengths
 /// 1, 2, ... cycling, each then given its own token) first one sequence at
 /// a time, then all in one `decode_batch` on a reset model: the logits of
