@@ -58,6 +58,9 @@ pub struct HfConfig {
     pub head_dim: Option<usize>,
     pub vocab_size: usize,
     pub max_position_embeddings: Option<usize>,
+    /// The pretraining context at the top level, where Phi-3's configs keep
+    /// it (see [`Self::rope`]).
+    pub original_max_position_embeddings: Option<usize>,
     pub rms_norm_eps: Option<f64>,
     pub layer_norm_eps: Option<f64>,
     pub rope_theta: Option<f64>,
@@ -65,7 +68,14 @@ pub struct HfConfig {
     pub rope_parameters: Option<Value>,
     pub sliding_window: Option<usize>,
     pub use_sliding_window: Option<bool>,
+    /// Qwen2: with `use_sliding_window`, the layers from this one on slide.
+    pub max_window_layers: Option<usize>,
     pub layer_types: Option<Vec<String>>,
+    /// Gemma 3 configs without `layer_types`: every this-many-th layer is
+    /// global, the others slide.
+    pub sliding_window_pattern: Option<usize>,
+    /// Gemma 3 configs without `rope_parameters`: the sliding layers' θ.
+    pub rope_local_base_freq: Option<f64>,
     pub tie_word_embeddings: Option<bool>,
     pub query_pre_attn_scalar: Option<f64>,
     pub final_logit_softcapping: Option<f64>,
@@ -73,6 +83,7 @@ pub struct HfConfig {
     pub hidden_act: Option<String>,
     pub hidden_activation: Option<String>,
     pub attention_bias: Option<bool>,
+    pub mlp_bias: Option<bool>,
     pub partial_rotary_factor: Option<f64>,
     #[serde(alias = "num_local_experts", alias = "n_routed_experts")]
     pub num_experts: Option<usize>,
@@ -216,8 +227,21 @@ impl HfConfig {
         self.num_key_value_heads.unwrap_or(self.num_attention_heads)
     }
 
+    fn is_phi3(&self) -> bool {
+        self.model_type == "phi3"
+    }
+
+    fn is_gemma3(&self) -> bool {
+        matches!(self.model_type.as_str(), "gemma3" | "gemma3_text")
+    }
+
     /// RoPE parameters for layers of `layer_type` (e.g. `sliding_attention`);
-    /// `None` for models with one setting.
+    /// `None` for models with one setting. Follows transformers' reading of
+    /// the older layouts: Gemma 3's sliding layers take `rope_local_base_freq`
+    /// (default 1e4) and no scaling; Phi-3's top-level
+    /// `original_max_position_embeddings` (default 4096) wins over the one
+    /// in `rope_scaling`, and its `su` / `yarn` mean LongRoPE; elsewhere a
+    /// top-level one fills in a missing one.
     pub fn rope(&self, layer_type: Option<&str>) -> RopeParams {
         let theta = self.rope_theta.unwrap_or(10_000.0);
         if let Some(p) = &self.rope_parameters {
@@ -229,6 +253,10 @@ impl HfConfig {
                 return rope_from(p, theta);
             }
         }
+        if layer_type == Some("sliding_attention") && self.is_gemma3() {
+            let local = self.rope_local_base_freq.unwrap_or(10_000.0);
+            return rope_from(&Value::Null, local);
+        }
         let mut r = match &self.rope_scaling {
             Some(s) if s.is_object() => rope_from(s, theta),
             _ => rope_from(&Value::Null, theta),
@@ -237,15 +265,40 @@ impl HfConfig {
         if let Some(f) = self.partial_rotary_factor {
             r.partial_rotary_factor = f;
         }
+        if self.is_phi3() {
+            if matches!(r.rope_type.as_str(), "su" | "yarn") {
+                r.rope_type = "longrope".into();
+            }
+            if r.rope_type == "longrope" {
+                r.original_max_position_embeddings =
+                    Some(self.original_max_position_embeddings.unwrap_or(4096));
+            }
+        } else if r.original_max_position_embeddings.is_none() {
+            r.original_max_position_embeddings = self.original_max_position_embeddings;
+        }
         r
     }
 
     /// Whether layer `i` uses sliding-window attention: `layer_types` when
-    /// present (the authority), else every layer when a window is set.
+    /// present (the authority), else transformers' default for the model
+    /// type: Gemma 2 alternates (sliding first), Gemma 3 makes every
+    /// `sliding_window_pattern`-th (default 6th) layer global, Qwen2 slides
+    /// from `max_window_layers` (default 28) on, and the others slide on
+    /// every layer when a window is set.
     pub fn is_sliding_layer(&self, i: usize) -> bool {
-        match &self.layer_types {
-            Some(t) => t.get(i).is_some_and(|s| s == "sliding_attention"),
-            None => self.sliding_window.is_some() && self.use_sliding_window != Some(false),
+        if let Some(t) = &self.layer_types {
+            return t.get(i).is_some_and(|s| s == "sliding_attention");
+        }
+        if self.sliding_window.is_none() || self.use_sliding_window == Some(false) {
+            return false;
+        }
+        match self.model_type.as_str() {
+            "gemma2" => i.is_multiple_of(2),
+            "gemma3" | "gemma3_text" => {
+                !(i + 1).is_multiple_of(self.sliding_window_pattern.unwrap_or(6).max(1))
+            }
+            "qwen2" | "qwen2_moe" => i >= self.max_window_layers.unwrap_or(28),
+            _ => true,
         }
     }
 }
@@ -276,6 +329,56 @@ mod tests {
         assert_eq!(c.rope(Some("full_attention")).theta, 1e6);
         assert_eq!(c.rope(Some("sliding_attention")).theta, 1e4);
         assert!(c.is_sliding_layer(0) && !c.is_sliding_layer(1));
+    }
+
+    /// transformers' readings of configs without `layer_types` or
+    /// `rope_parameters`, as the Hub's checkpoints write them.
+    #[test]
+    fn older_layouts_read_as_transformers_reads_them() {
+        let base = r#""hidden_size":64,"intermediate_size":128,"num_hidden_layers":12,
+            "num_attention_heads":4,"vocab_size":10,"sliding_window":8"#;
+        let c = |extra: &str| HfConfig::parse(&format!("{{{base},{extra}}}")).unwrap();
+        let slides = |c: &HfConfig| (0..12).map(|i| c.is_sliding_layer(i)).collect::<Vec<_>>();
+        // Gemma 2 alternates, sliding first.
+        let g2 = c(r#""model_type":"gemma2""#);
+        assert_eq!(slides(&g2), (0..12).map(|i| i % 2 == 0).collect::<Vec<_>>());
+        // Gemma 3: every 6th layer (by default) is global.
+        let g3 = c(
+            r#""model_type":"gemma3_text","rope_theta":1e6,"rope_local_base_freq":1e4,
+            "rope_scaling":{"rope_type":"linear","factor":8.0}"#,
+        );
+        assert_eq!(
+            slides(&g3),
+            (0..12).map(|i| (i + 1) % 6 != 0).collect::<Vec<_>>()
+        );
+        let g3p = c(r#""model_type":"gemma3_text","sliding_window_pattern":3"#);
+        assert!(!g3p.is_sliding_layer(2) && g3p.is_sliding_layer(3));
+        // ... and its sliding layers take the local base, unscaled.
+        let local = g3.rope(Some("sliding_attention"));
+        assert_eq!((local.theta, local.rope_type.as_str()), (1e4, "default"));
+        let global = g3.rope(Some("full_attention"));
+        assert_eq!((global.theta, global.rope_type.as_str()), (1e6, "linear"));
+        // Qwen2 slides from max_window_layers on, and only when told to.
+        let q2 = c(r#""model_type":"qwen2","use_sliding_window":true,"max_window_layers":4"#);
+        assert_eq!(slides(&q2), (0..12).map(|i| i >= 4).collect::<Vec<_>>());
+        assert!(!c(r#""model_type":"qwen2","use_sliding_window":false"#).is_sliding_layer(5));
+        // Phi-3's pretraining length at the top level wins, and "su" is
+        // LongRoPE; elsewhere a top-level one fills a gap.
+        let phi = c(
+            r#""model_type":"phi3","original_max_position_embeddings":32,
+            "rope_scaling":{"type":"su","short_factor":[1.0],"long_factor":[2.0],
+            "original_max_position_embeddings":256}"#,
+        );
+        let r = phi.rope(None);
+        assert_eq!(
+            (r.rope_type.as_str(), r.original_max_position_embeddings),
+            ("longrope", Some(32))
+        );
+        let llama = c(
+            r#""model_type":"llama","original_max_position_embeddings":64,
+            "rope_scaling":{"rope_type":"llama3","factor":8.0}"#,
+        );
+        assert_eq!(llama.rope(None).original_max_position_embeddings, Some(64));
     }
 
     #[test]

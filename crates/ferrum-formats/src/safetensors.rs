@@ -1,9 +1,9 @@
 //! Hugging Face safetensors checkpoints, single-file or sharded, memory-mapped.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use ferrum_types::{FerrumError, Result};
 use half::{bf16, f16};
@@ -37,6 +37,9 @@ impl TensorView<'_> {
 pub struct SafeTensors {
     files: Vec<(PathBuf, Arc<Mmap>)>,
     entries: HashMap<String, Entry>,
+    /// Names fetched so far: a loader checks that it used every tensor
+    /// ([`SafeTensors::unread`]).
+    read: Mutex<HashSet<String>>,
 }
 
 impl SafeTensors {
@@ -110,12 +113,33 @@ impl SafeTensors {
             }
             files.push((path.clone(), Arc::new(map)));
         }
-        Ok(Self { files, entries })
+        Ok(Self {
+            files,
+            entries,
+            read: Mutex::new(HashSet::new()),
+        })
     }
 
     /// Tensor names, sorted.
     pub fn names(&self) -> Vec<&str> {
         let mut v: Vec<&str> = self.entries.keys().map(String::as_str).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Names no [`SafeTensors::get`] (or read through it) has fetched,
+    /// sorted: what a loader left unused.
+    pub fn unread(&self) -> Vec<&str> {
+        let read = match self.read.lock() {
+            Ok(r) => r,
+            Err(p) => p.into_inner(),
+        };
+        let mut v: Vec<&str> = self
+            .entries
+            .keys()
+            .filter(|k| !read.contains(*k))
+            .map(String::as_str)
+            .collect();
         v.sort_unstable();
         v
     }
@@ -126,6 +150,10 @@ impl SafeTensors {
 
     pub fn get(&self, name: &str) -> Option<TensorView<'_>> {
         let (key, e) = self.entries.get_key_value(name)?;
+        match self.read.lock() {
+            Ok(mut r) => r.insert(key.clone()),
+            Err(p) => p.into_inner().insert(key.clone()),
+        };
         Some(TensorView {
             name: key,
             dtype: e.dtype,

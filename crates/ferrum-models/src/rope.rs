@@ -103,7 +103,9 @@ impl RopeSpec {
             }
             "longrope" | "su" => {
                 let orig = p.original_max_position_embeddings.unwrap_or(max_pos);
-                let scale = max_pos as f64 / orig as f64;
+                // transformers: the given attention factor, else one from
+                // the given factor, else from the two context lengths.
+                let scale = p.factor.unwrap_or(max_pos as f64 / orig as f64);
                 let to32 = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
                 if p.short_factor.is_empty() || p.short_factor.len() != p.long_factor.len() {
                     return Err("longrope needs short_factor and long_factor of one length".into());
@@ -112,7 +114,9 @@ impl RopeSpec {
                     short: to32(&p.short_factor),
                     long: to32(&p.long_factor),
                     original_max_position: orig,
-                    attn_factor: long_rope_attn_factor(scale, orig),
+                    attn_factor: p
+                        .attention_factor
+                        .map_or_else(|| long_rope_attn_factor(scale, orig), |a| a as f32),
                 }
             }
             "llama3" => RopeScaling::Llama3 {
@@ -217,19 +221,21 @@ impl RopeSpec {
         head_dim: usize,
         rotary: usize,
     ) -> (Vec<f32>, Vec<f32>) {
-        let mut inv = self.inv_freq(rotary, positions);
+        let inv = self.inv_freq(rotary, positions);
         let half = head_dim / 2;
-        inv.resize(half, 0.0);
+        // LongRoPE's and YaRN's cos/sin scale applies to the rotating pairs
+        // only (transformers scales the rotary half's cos and sin; the
+        // passed-through dimensions stay as they are).
         let m = match self.scaling {
             RopeScaling::LongRope { attn_factor, .. } | RopeScaling::Yarn { attn_factor, .. } => {
                 attn_factor
             }
             _ => 1.0,
         };
-        let mut cos = vec![0f32; positions * half];
+        let mut cos = vec![1f32; positions * half];
         let mut sin = vec![0f32; positions * half];
         for p in 0..positions {
-            for (i, &f) in inv.iter().enumerate() {
+            for (i, &f) in inv.iter().enumerate().take(half) {
                 let angle = p as f32 * f;
                 cos[p * half + i] = angle.cos() * m;
                 sin[p * half + i] = angle.sin() * m;
@@ -327,5 +333,13 @@ mod tests {
         let a = 3.0 * 0.01 / 2.0f32;
         assert!((cos[3 * 2 + 1] - a.cos() * m).abs() < 1e-6);
         assert!((sin[3 * 2 + 1] - a.sin() * m).abs() < 1e-6);
+        // Partial rotary (2 of 6 dims): the scale is the rotating pair's;
+        // the pairs passed through stay cos 1, sin 0 (Phi-4-mini).
+        let (cos, sin) = spec.partial_tables(16, 6, 2);
+        for p in 0..16 {
+            assert!((cos[p * 3] - (p as f32).cos() * m).abs() < 1e-6);
+            assert_eq!((cos[p * 3 + 1], sin[p * 3 + 1]), (1.0, 0.0));
+            assert_eq!((cos[p * 3 + 2], sin[p * 3 + 2]), (1.0, 0.0));
+        }
     }
 }

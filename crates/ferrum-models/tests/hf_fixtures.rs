@@ -1,6 +1,7 @@
-//! Every Llama-family fixture in `../shared/fixtures/hf-tiny` (and the
-//! three in `tests/data/hf-tiny` that `scripts/make_extra_fixtures.py`
-//! made the same way: YaRN, DeepSeek-V2-Lite, DeepSeek-V3) against the
+//! Every Llama-family fixture in `../shared/fixtures/hf-tiny` (and those in
+//! `tests/data/hf-tiny` made the same way: YaRN, DeepSeek-V2-Lite and
+//! DeepSeek-V3 by `scripts/make_extra_fixtures.py`; configs written as the
+//! Hub ships them by `scripts/make_hub_config_fixtures.py`) against the
 //! outputs Hugging Face transformers computed for it (`reference.json`):
 //! the last prompt position's logits, the top-5 logits of every prompt
 //! position, and 16 greedy tokens with the logits that chose each.
@@ -40,6 +41,14 @@ const CAUSAL: &[&str] = &[
     "deepseek-v2-lite",
     "deepseek-v3",
     "deepseek-v3-halves",
+    // Configs as the Hub ships them (`scripts/make_hub_config_fixtures.py`).
+    "phi4-mini-longrope",
+    "phi3.5-longrope",
+    "gemma3-hub",
+    "gemma2-hub",
+    "mixtral-swa",
+    "llama-attn-bias",
+    "llama-mlp-bias",
 ];
 
 /// A fixture folder: this crate's own (`tests/data/hf-tiny`) or the shared
@@ -366,4 +375,70 @@ fn latent_attention_caches_the_latent_only() {
     let m = LlamaModel::<CpuBackend>::from_hf_dir(&dir).unwrap();
     let c = m.config();
     assert_eq!((c.num_kv_heads, c.head_dim), (1, 16 + 8));
+}
+
+/// A copy of fixture `name` in a fresh folder with its config.json's keys
+/// replaced by `over`'s (and the weights linked, not copied).
+fn with_config(name: &str, over: &str) -> Option<PathBuf> {
+    let (dir, _) = fixture(name)?;
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "cfg-{name}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&out).unwrap();
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let o: Value = serde_json::from_str(over).unwrap();
+    for (k, v) in o.as_object().unwrap() {
+        cfg[k] = v.clone();
+    }
+    std::fs::write(out.join("config.json"), cfg.to_string()).unwrap();
+    std::fs::copy(dir.join("model.safetensors"), out.join("model.safetensors")).unwrap();
+    Some(out)
+}
+
+fn load_error(dir: &Path) -> String {
+    match LlamaModel::<CpuBackend>::from_hf_dir(dir) {
+        Ok(_) => panic!("{} loaded", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// What changes the maths is read or refused, never dropped: a tensor no
+/// step reads (biases a config turns off), an untied config without its
+/// head, an activation without a kernel, a class of another family.
+#[test]
+fn checkpoints_that_would_compute_something_else_are_refused() {
+    let Some(dir) = with_config("llama-mlp-bias", r#"{"mlp_bias": false}"#) else {
+        return;
+    };
+    let err = load_error(&dir);
+    assert!(err.contains("mlp.down_proj.bias"), "{err}");
+    let Some(dir) = with_config("llama-attn-bias", r#"{"attention_bias": false}"#) else {
+        return;
+    };
+    let err = load_error(&dir);
+    assert!(err.contains("o_proj.bias"), "{err}");
+    let Some(dir) = with_config("llama", r#"{"tie_word_embeddings": false}"#) else {
+        return;
+    };
+    let err = load_error(&dir);
+    assert!(err.contains("lm_head.weight is missing"), "{err}");
+    let Some(dir) = with_config("llama", r#"{"hidden_act": "relu"}"#) else {
+        return;
+    };
+    let err = load_error(&dir);
+    assert!(err.contains("hidden_act \"relu\""), "{err}");
+    let Some(dir) = with_config("llama", r#"{"architectures": ["FalconForCausalLM"]}"#) else {
+        return;
+    };
+    let err = load_error(&dir);
+    assert!(err.contains("FalconForCausalLM"), "{err}");
+    // Another spelling of an accepted activation: swish is SiLU.
+    let Some(dir) = with_config("llama", r#"{"hidden_act": "swish"}"#) else {
+        return;
+    };
+    LlamaModel::<CpuBackend>::from_hf_dir(&dir).unwrap();
 }

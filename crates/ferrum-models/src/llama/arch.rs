@@ -163,6 +163,7 @@ impl Arch {
                 ..LLAMA
             },
             Arch::Mixtral => Traits {
+                hf_window: true,
                 moe: Some(MoeNames {
                     block: "block_sparse_moe",
                     gate_up_down: ["w1", "w3", "w2"],

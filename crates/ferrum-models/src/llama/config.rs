@@ -98,6 +98,86 @@ pub enum Activation {
     GeluTanh,
 }
 
+/// The MLP activation of an HF config: `hidden_act` (Gemma:
+/// `hidden_activation`, which transformers reads there, default
+/// `gelu_pytorch_tanh`). Activations without a kernel are refused, not run
+/// as another.
+fn hf_activation(c: &HfConfig, gemma: bool) -> Result<Activation> {
+    let name = if gemma {
+        c.hidden_activation
+            .as_deref()
+            .unwrap_or("gelu_pytorch_tanh")
+    } else {
+        c.hidden_act.as_deref().unwrap_or("silu")
+    };
+    match name {
+        "silu" | "swish" => Ok(Activation::Silu),
+        // transformers' three tanh approximations of GELU are one formula.
+        "gelu_pytorch_tanh" | "gelu_new" | "gelu_fast" => Ok(Activation::GeluTanh),
+        other => Err(bad(format!(
+            "hidden_act {other:?} is not supported (silu, gelu_pytorch_tanh)"
+        ))),
+    }
+}
+
+/// Whether the attention projections (Q, K, V and the output) carry biases:
+/// `attention_bias` where transformers' model reads it (Llama, Qwen3,
+/// Qwen3-MoE, Gemma 2/3); Mistral, Mixtral and Phi-3 ignore it, as
+/// transformers does; DeepSeek's biases (on its latent projections) are
+/// refused.
+fn attention_bias(c: &HfConfig, arch: Arch) -> Result<bool> {
+    let on = c.attention_bias == Some(true);
+    match arch {
+        Arch::Llama | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma2 | Arch::Gemma3 => Ok(on),
+        Arch::DeepseekV2 | Arch::DeepseekV3 if on => Err(bad(
+            "attention_bias on DeepSeek's latent projections is not supported",
+        )),
+        _ => Ok(false),
+    }
+}
+
+/// Whether gate, up and down carry biases: Llama's `mlp_bias`; DeepSeek
+/// V2's (on every expert too) is refused; other families have none.
+fn mlp_bias(c: &HfConfig, arch: Arch) -> Result<bool> {
+    let on = c.mlp_bias == Some(true);
+    match arch {
+        Arch::Llama => Ok(on),
+        Arch::DeepseekV2 if on => Err(bad("mlp_bias on DeepSeek V2 is not supported")),
+        _ => Ok(false),
+    }
+}
+
+/// `architectures` must name a class of the `model_type` family (a Falcon
+/// config with `model_type: llama` is not a Llama).
+fn check_architectures(c: &HfConfig, arch: Arch) -> Result<()> {
+    let known: &[&str] = match arch {
+        Arch::Llama => &["LlamaForCausalLM", "LlamaModel"],
+        Arch::Mistral => &["MistralForCausalLM", "MistralModel"],
+        Arch::Qwen2 => &["Qwen2ForCausalLM", "Qwen2Model"],
+        Arch::Qwen3 => &["Qwen3ForCausalLM", "Qwen3Model"],
+        Arch::Phi3 => &["Phi3ForCausalLM", "Phi3Model"],
+        Arch::Qwen3Moe => &["Qwen3MoeForCausalLM", "Qwen3MoeModel"],
+        Arch::Mixtral => &["MixtralForCausalLM", "MixtralModel"],
+        Arch::Gemma2 => &["Gemma2ForCausalLM", "Gemma2Model"],
+        Arch::Gemma3 => &["Gemma3ForCausalLM", "Gemma3TextModel", "Gemma3Model"],
+        Arch::DeepseekV2 => &["DeepseekV2ForCausalLM", "DeepseekV2Model"],
+        Arch::DeepseekV3 => &["DeepseekV3ForCausalLM", "DeepseekV3Model"],
+    };
+    match c
+        .architectures
+        .iter()
+        .find(|a| !known.contains(&a.as_str()))
+    {
+        Some(other) => Err(bad(format!(
+            "architectures names {other}, not a {} model (model_type {:?}); Ferrum runs {}",
+            known[0].trim_end_matches("ForCausalLM"),
+            c.model_type,
+            known.join(", ")
+        ))),
+        None => Ok(()),
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct LlamaConfig {
     pub arch: Arch,
@@ -120,6 +200,16 @@ pub struct LlamaConfig {
     /// Per layer: does it use the sliding window?
     pub sliding: Vec<bool>,
     pub qkv_bias: bool,
+    /// A bias on the attention output projection (Llama, Qwen3 and Gemma
+    /// with `attention_bias`).
+    pub o_bias: bool,
+    /// Biases on gate, up and down (Llama's `mlp_bias`).
+    pub mlp_bias: bool,
+    /// The output head is the embedding table (`tie_word_embeddings`; a
+    /// GGUF without `output.weight`). An untied HF checkpoint without
+    /// `lm_head.weight` is an error, and a tied one's `lm_head.weight`, if
+    /// any, is not read (transformers ties it to the embeddings).
+    pub tied_head: bool,
     pub qk_norm: bool,
     /// Multiplier of `q·k` (usually `head_dim^-½`).
     pub attn_scale: f32,
@@ -271,22 +361,96 @@ impl LlamaConfig {
                 self.heads, self.kv_heads, self.head_dim
             ),
         });
-        let rope = match &self.rope.scaling {
-            RopeScaling::None => "plain".to_string(),
-            RopeScaling::Linear { factor } => format!("linear x{factor}"),
-            RopeScaling::Factors(_) => "per-pair factors (rope_freqs)".to_string(),
-            RopeScaling::LongRope {
-                original_max_position,
-                ..
-            } => format!("LongRoPE (original {original_max_position})"),
-            RopeScaling::Llama3 { factor, .. } => format!("llama3 x{factor}"),
-            RopeScaling::Yarn {
-                factor,
-                original_max_position,
-                ..
-            } => format!("YaRN x{factor} (original {original_max_position})"),
+        let rope = |r: &RopeSpec| {
+            let how = match &r.scaling {
+                RopeScaling::None => "plain".to_string(),
+                RopeScaling::Linear { factor } => format!("linear x{factor}"),
+                RopeScaling::Factors(_) => "per-pair factors (rope_freqs)".to_string(),
+                RopeScaling::LongRope {
+                    original_max_position,
+                    attn_factor,
+                    ..
+                } => format!(
+                    "LongRoPE (original {original_max_position}: long factors for caches past it; \
+                     cos/sin x{attn_factor:.4})"
+                ),
+                RopeScaling::Llama3 { factor, .. } => format!("llama3 x{factor}"),
+                RopeScaling::Yarn {
+                    factor,
+                    original_max_position,
+                    attn_factor,
+                    ..
+                } => format!(
+                    "YaRN x{factor} (original {original_max_position}, cos/sin x{attn_factor:.4})"
+                ),
+            };
+            format!("θ {}, {how}", r.theta)
         };
-        out.push(format!("rope:           θ {}, {rope}", self.rope.theta));
+        let partial = if self.rotary_dims < self.head_dim {
+            format!(", {} of {} dims rotate", self.rotary_dims, self.head_dim)
+        } else {
+            String::new()
+        };
+        out.push(format!("rope:           {}{partial}", rope(&self.rope)));
+        if let Some(local) = &self.rope_local {
+            out.push(format!("rope (sliding): {}", rope(local)));
+        }
+        let sliding: Vec<String> = (0..self.layers)
+            .filter(|&i| self.sliding.get(i).copied().unwrap_or(false))
+            .map(|i| i.to_string())
+            .collect();
+        if self.sliding_window > 0 && !sliding.is_empty() {
+            let which = if sliding.len() == self.layers {
+                "every layer".to_string()
+            } else {
+                format!("layers {}", sliding.join(","))
+            };
+            out.push(format!(
+                "sliding window: {} on {which}",
+                self.sliding_window
+            ));
+        }
+        let mut maths = vec![format!(
+            "{} MLP",
+            match self.act {
+                Activation::Silu => "SiLU-gated",
+                Activation::GeluTanh => "GELU(tanh)-gated",
+            }
+        )];
+        let biases: Vec<&str> = [
+            (self.qkv_bias, "q/k/v"),
+            (self.o_bias, "o"),
+            (self.mlp_bias, "gate/up/down"),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, n)| *n)
+        .collect();
+        if !biases.is_empty() {
+            maths.push(format!("biases on {}", biases.join(", ")));
+        }
+        if self.qk_norm {
+            maths.push("QK-norm".into());
+        }
+        if self.sandwich_norms {
+            maths.push("sandwich norms".into());
+        }
+        maths.push(format!("attention scale {:.4}", self.attn_scale));
+        if let Some(c) = self.attn_softcap {
+            maths.push(format!("attention softcap {c}"));
+        }
+        if let Some(c) = self.final_softcap {
+            maths.push(format!("final softcap {c}"));
+        }
+        if let Some(e) = self.embed_scale {
+            maths.push(format!("embeddings x{e:.3}"));
+        }
+        maths.push(if self.tied_head {
+            "head tied to the embeddings".into()
+        } else {
+            "own head".into()
+        });
+        out.push(format!("maths:          {}", maths.join(", ")));
         if let Some(m) = &self.moe {
             let router = match m.scoring {
                 Scoring::Softmax => "softmax",
@@ -309,6 +473,7 @@ impl LlamaConfig {
     /// From a Hugging Face config; `model_type` selects the variant.
     pub fn from_hf(c: &HfConfig) -> Result<Self> {
         let arch = llama_arch(&c.model_type)?;
+        check_architectures(c, arch)?;
         let head_dim = c.head_dim();
         let max_seq_len = c.max_position_embeddings.unwrap_or(4096);
         let rope_of = |t: Option<&str>| RopeSpec::from_hf(&c.rope(t), max_seq_len).map_err(bad);
@@ -343,7 +508,11 @@ impl LlamaConfig {
             },
             sliding_window,
             sliding,
-            qkv_bias: t.qkv_bias || c.attention_bias == Some(true),
+            qkv_bias: t.qkv_bias || attention_bias(c, arch)?,
+            o_bias: attention_bias(c, arch)?,
+            mlp_bias: mlp_bias(c, arch)?,
+            // transformers' defaults: Gemma ties, the other families do not.
+            tied_head: c.tie_word_embeddings.unwrap_or(gemma),
             qk_norm: t.qk_norm,
             attn_scale: match c.query_pre_attn_scalar {
                 Some(s) if gemma => 1.0 / (s as f32).sqrt(),
@@ -351,11 +520,7 @@ impl LlamaConfig {
             },
             embed_scale: gemma.then(|| (c.hidden_size as f32).sqrt()),
             sandwich_norms: gemma,
-            act: if gemma {
-                Activation::GeluTanh
-            } else {
-                Activation::Silu
-            },
+            act: hf_activation(c, gemma)?,
             final_softcap: c.final_logit_softcapping.map(|v| v as f32),
             attn_softcap: c.attn_logit_softcapping.map(|v| v as f32),
             moe: t.moe.map(|names| {
@@ -579,6 +744,9 @@ impl LlamaConfig {
             sliding_window,
             sliding,
             qkv_bias: g.tensor("blk.0.attn_q.bias").is_some(),
+            o_bias: g.tensor("blk.0.attn_output.bias").is_some(),
+            mlp_bias: g.tensor("blk.0.ffn_down.bias").is_some(),
+            tied_head: g.tensor("output.weight").is_none(),
             qk_norm: g.tensor("blk.0.attn_q_norm.weight").is_some(),
             attn_scale: match &mla {
                 Some(m) => gguf_softmax_scale(g, &name) / ((m.nope + m.rope) as f32).sqrt(),

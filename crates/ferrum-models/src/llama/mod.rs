@@ -285,6 +285,24 @@ impl<B: Backend> LlamaModel<B> {
         let st = SafeTensors::open_dir(dir)?;
         let w = Weights::load(&Source::Hf(&st, quant.as_ref()), &cfg, progress)
             .map_err(|e| FerrumError::bad_file(dir, e.to_string()))?;
+        let unused = weights::unused_tensors(&st, &cfg);
+        if !unused.is_empty() {
+            return Err(FerrumError::bad_file(
+                dir,
+                format!(
+                    "{} tensor(s) of the checkpoint are not part of a {:?} model as Ferrum \
+                     runs it, so it would compute something else: {}",
+                    unused.len(),
+                    cfg.arch,
+                    unused
+                        .iter()
+                        .take(5)
+                        .copied()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
         Ok(Self::new(cfg, w, pool))
     }
 
@@ -784,6 +802,9 @@ impl<B: Backend> LlamaModel<B> {
         let (h, eps) = (self.cfg.hidden, self.cfg.rms_eps);
         let (s, lw) = (&mut self.scratch, &self.w.layers[l]);
         lw.o.forward(ctx, &s.attn, &mut s.o, rows, h, width)?;
+        if let Some(b) = &lw.o_bias {
+            B::add_bias(ctx, &mut s.o, b, rows, h);
+        }
         // Residual + pre-MLP norm.
         match &lw.post_attn_norm {
             Some(post) => {

@@ -25,6 +25,9 @@ pub struct Expert<B: Backend> {
     /// Fused `[2·intermediate, hidden]`, gate rows first.
     pub gate_up: Linear<B>,
     pub down: Linear<B>,
+    /// Biases of gate and up (fused as their weights) and of down, where
+    /// the config has them (Llama's `mlp_bias`).
+    pub bias: Option<[B::Buffer; 2]>,
 }
 
 pub struct MoeWeights<B: Backend> {
@@ -411,11 +414,18 @@ impl<B: Backend> Expert<B> {
         im: usize,
     ) -> Result<()> {
         self.gate_up.forward(ctx, x, gate_up, n, 2 * im, hidden)?;
+        if let Some([b, _]) = &self.bias {
+            B::add_bias(ctx, gate_up, b, n, 2 * im);
+        }
         match act {
             Activation::Silu => B::fused_silu_mul_split(ctx, gate_up, a, n, im),
             Activation::GeluTanh => B::fused_gelu_tanh_mul_split(ctx, gate_up, a, n, im),
         }
-        self.down.forward(ctx, a, out, n, hidden, im)
+        self.down.forward(ctx, a, out, n, hidden, im)?;
+        if let Some([_, b]) = &self.bias {
+            B::add_bias(ctx, out, b, n, hidden);
+        }
+        Ok(())
     }
 }
 

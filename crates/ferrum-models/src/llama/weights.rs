@@ -41,6 +41,7 @@ enum Role {
     QBias,
     KBias,
     VBias,
+    OBias,
     QNorm,
     KNorm,
     PostAttnNorm,
@@ -49,6 +50,9 @@ enum Role {
     Gate,
     Up,
     Down,
+    GateBias,
+    UpBias,
+    DownBias,
     /// Phi-3's fused projections: `[q; k; v]` rows, and `[gate; up]`.
     QkvFused,
     GateUpFused,
@@ -67,6 +71,7 @@ fn layer_name(src: &Source, arch: Arch, role: Role, i: usize) -> String {
                 QBias => "attn_q.bias",
                 KBias => "attn_k.bias",
                 VBias => "attn_v.bias",
+                OBias => "attn_output.bias",
                 QNorm => "attn_q_norm.weight",
                 KNorm => "attn_k_norm.weight",
                 PostAttnNorm => "post_attention_norm.weight",
@@ -75,6 +80,9 @@ fn layer_name(src: &Source, arch: Arch, role: Role, i: usize) -> String {
                 Gate => "ffn_gate.weight",
                 Up | GateUpFused => "ffn_up.weight",
                 Down => "ffn_down.weight",
+                GateBias => "ffn_gate.bias",
+                UpBias => "ffn_up.bias",
+                DownBias => "ffn_down.bias",
                 QkvFused => "attn_qkv.weight",
             };
             format!("blk.{i}.{s}")
@@ -90,6 +98,7 @@ fn layer_name(src: &Source, arch: Arch, role: Role, i: usize) -> String {
                 QBias => "self_attn.q_proj.bias",
                 KBias => "self_attn.k_proj.bias",
                 VBias => "self_attn.v_proj.bias",
+                OBias => "self_attn.o_proj.bias",
                 QNorm => "self_attn.q_norm.weight",
                 KNorm => "self_attn.k_norm.weight",
                 PostAttnNorm => "post_attention_layernorm.weight",
@@ -101,6 +110,9 @@ fn layer_name(src: &Source, arch: Arch, role: Role, i: usize) -> String {
                 Gate => "mlp.gate_proj.weight",
                 Up => "mlp.up_proj.weight",
                 Down => "mlp.down_proj.weight",
+                GateBias => "mlp.gate_proj.bias",
+                UpBias => "mlp.up_proj.bias",
+                DownBias => "mlp.down_proj.bias",
                 QkvFused => "self_attn.qkv_proj.weight",
                 GateUpFused => "mlp.gate_up_proj.weight",
             };
@@ -624,6 +636,7 @@ pub struct LayerWeights<B: Backend> {
     pub qkv: Option<Qkv<B>>,
     pub mla: Option<MlaWeights<B>>,
     pub o: Linear<B>,
+    pub o_bias: Option<B::Buffer>,
     pub q_norm: Option<B::Buffer>,
     pub k_norm: Option<B::Buffer>,
     pub post_attn_norm: Option<B::Buffer>,
@@ -810,6 +823,7 @@ fn load_moe<B: Backend>(
             Some(Expert {
                 gate_up: Linear::upload(fuse_or_f32(gate_up, h)?, 2 * sim, h)?,
                 down: Linear::upload(require(src, &name(2), h * sim)?, h, sim)?,
+                bias: None,
             })
         }
         None => None,
@@ -822,6 +836,7 @@ fn load_moe<B: Backend>(
             Ok(Expert {
                 gate_up: Linear::upload(fuse_or_f32(vec![(g, im), (u, im)], h)?, 2 * im, h)?,
                 down: Linear::upload(d, h, im)?,
+                bias: None,
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -1126,9 +1141,21 @@ impl<B: Backend> Weights<B> {
                             h,
                         )?
                     };
+                    let bias = if cfg.mlp_bias {
+                        let gate_up = [
+                            vector(src, &name(GateBias, i), im)?,
+                            vector(src, &name(UpBias, i), im)?,
+                        ]
+                        .concat();
+                        let down = vector(src, &name(DownBias, i), h)?;
+                        Some([B::from_slice(&gate_up), B::from_slice(&down)])
+                    } else {
+                        None
+                    };
                     Mlp::Dense(Expert {
                         gate_up: Linear::upload(gate_up, 2 * im, h)?,
                         down: Linear::upload(require(src, &name(Down, i), h * im)?, h, im)?,
+                        bias,
                     })
                 }
             };
@@ -1139,6 +1166,11 @@ impl<B: Backend> Weights<B> {
                 qkv,
                 mla,
                 o: Linear::upload(require(src, &name(O, i), h * o_in)?, h, o_in)?,
+                o_bias: if cfg.o_bias {
+                    Some(B::from_slice(&vector(src, &name(OBias, i), h)?))
+                } else {
+                    None
+                },
                 q_norm: if cfg.qk_norm {
                     opt_norm(QNorm, hd)?
                 } else {
@@ -1165,7 +1197,18 @@ impl<B: Backend> Weights<B> {
             progress(i + 1, cfg.layers + 1);
         }
         let embed_raw = require(src, embed_name, cfg.vocab * h)?;
-        let head = read(src, head_name, cfg.vocab * h)?;
+        let head = match (src, cfg.tied_head) {
+            (_, true) => None,
+            (Source::Hf(..), false) => {
+                Some(require(src, head_name, cfg.vocab * h).map_err(|_| {
+                    FerrumError::invalid(format!(
+                        "{head_name} is missing and the config does not tie the embeddings \
+                     (tie_word_embeddings is false or, for this family, absent)"
+                    ))
+                })?)
+            }
+            (Source::Gguf(_), false) => read(src, head_name, cfg.vocab * h)?,
+        };
         let (embed, lm_head) = match (embed_raw, head) {
             (Raw::Blocks { bytes, ty }, head) => {
                 let row_bytes = bytes.len() / cfg.vocab;
@@ -1289,6 +1332,7 @@ impl<B: Backend> Weights<B> {
                             Ok(Expert {
                                 gate_up: linear(2 * eim, h)?,
                                 down: linear(h, eim)?,
+                                bias: None,
                             })
                         })
                         .collect::<Result<Vec<_>>>()?;
@@ -1306,6 +1350,7 @@ impl<B: Backend> Weights<B> {
                 _ => Mlp::Dense(Expert {
                     gate_up: linear(2 * im, h)?,
                     down: linear(h, im)?,
+                    bias: None,
                 }),
             };
             layers.push(LayerWeights {
@@ -1316,6 +1361,7 @@ impl<B: Backend> Weights<B> {
                 }),
                 mla: None,
                 o: linear(h, qd)?,
+                o_bias: None,
                 q_norm: cfg.qk_norm.then(|| ones(cfg.head_dim)),
                 k_norm: cfg.qk_norm.then(|| ones(cfg.head_dim)),
                 post_attn_norm: cfg.sandwich_norms.then(|| ones(h)),
@@ -1340,4 +1386,32 @@ impl<B: Backend> Weights<B> {
             lm_head,
         })
     }
+}
+
+/// Tensors of a safetensors checkpoint that loading did not read, less
+/// those transformers does not read either: a step they stand for would
+/// be missing from the model (a bias, a vision tower), so loading refuses
+/// them. Not read on purpose: RoPE's stored inverse frequencies (computed
+/// from the config instead), a tied head's own `lm_head.weight`,
+/// FP8 checkpoints' static activation and KV-cache scales (activations and
+/// the cache keep more precision here), and DeepSeek V3's multi-token
+/// prediction layers past `num_hidden_layers`.
+pub fn unused_tensors<'a>(st: &'a SafeTensors, cfg: &LlamaConfig) -> Vec<&'a str> {
+    let extra_layer = |name: &str| {
+        name.strip_prefix("model.layers.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|i| i.parse::<usize>().ok())
+            .is_some_and(|i| i >= cfg.layers)
+    };
+    st.unread()
+        .into_iter()
+        .filter(|n| {
+            !(n.ends_with("rotary_emb.inv_freq")
+                || (cfg.tied_head && *n == "lm_head.weight")
+                || n.ends_with(".input_scale")
+                || n.ends_with(".k_scale")
+                || n.ends_with(".v_scale")
+                || (cfg.arch == Arch::DeepseekV3 && extra_layer(n)))
+        })
+        .collect()
 }
