@@ -210,3 +210,33 @@ def test_echo_with_logprobs_scores_the_prompt(chat_server):
     # The generated part is scored as without echo.
     plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0, logprobs=2)
     assert lp.token_logprobs[usage.prompt_tokens:] == plain.choices[0].logprobs.token_logprobs
+
+
+def test_health_answers_while_big_bodies_are_tokenized(chat_server):
+    """Tokenizing is CPU work off the async threads: two 6 MB /tokenize
+    bodies (as many as the CI machine has cores) do not hold up /health.
+    Before, they took every async thread and /health waited seconds."""
+    import threading
+
+    text = "the quick brown fox jumps over the lazy dog " * 140_000
+    done = []
+
+    def tokenize():
+        status, _, body = request(chat_server, "/tokenize", {"model": MODEL, "prompt": text})
+        done.append((status, body["count"] if status == 200 else body))
+
+    workers = [threading.Thread(target=tokenize) for _ in range(2)]
+    for w in workers:
+        w.start()
+    time.sleep(0.2)
+    slowest = 0.0
+    while any(w.is_alive() for w in workers):
+        start = time.time()
+        with urllib.request.urlopen(chat_server.url + "/health", timeout=30) as r:
+            assert r.status == 200
+        slowest = max(slowest, time.time() - start)
+        time.sleep(0.05)
+    for w in workers:
+        w.join()
+    assert [s for s, _ in done] == [200, 200], done
+    assert slowest < 1.0, f"/health took {slowest:.2f} s while tokenizing"

@@ -357,16 +357,28 @@ pub fn argmax(x: &[f32]) -> u32 {
     best as u32
 }
 
-/// The `n` largest `(index, value)` pairs, largest first.
+/// The `n` largest `(index, value)` pairs, largest first (ties: lower
+/// index first). One pass keeping the best `n` in order, in a vector of
+/// exactly `n`: what a response keeps per token (with logprobs, every
+/// token) is `n` pairs, not a vocabulary's worth of capacity.
 fn top_n(x: &[f32], n: usize) -> Vec<(u32, f32)> {
+    let n = n.min(x.len());
+    let mut v: Vec<(u32, f32)> = Vec::with_capacity(n);
     if n == 0 {
-        return Vec::new();
+        return v;
     }
-    let mut v: Vec<(u32, f32)> = x.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
-    let n = n.min(v.len());
-    let cmp = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    v.select_nth_unstable_by(n - 1, cmp);
-    v.truncate(n);
-    v.sort_unstable_by(cmp);
+    // `a` ranks before `b`.
+    let before = |a: (u32, f32), b: (u32, f32)| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)).is_gt();
+    for (i, &l) in x.iter().enumerate() {
+        let c = (i as u32, l);
+        if v.len() == n && !before(c, v[n - 1]) {
+            continue;
+        }
+        if v.len() == n {
+            v.pop();
+        }
+        let at = v.partition_point(|&e| before(e, c));
+        v.insert(at, c);
+    }
     v
 }

@@ -13,6 +13,7 @@ use serde_json::json;
 
 use crate::error::ApiError;
 use crate::generation::render_chat;
+use crate::guard::off_reactor;
 use crate::protocol::{parse, DetokenizeRequest, TokenizeRequest};
 use crate::{Ready, Shared};
 
@@ -88,6 +89,13 @@ pub async fn tokenize(
     State(s): State<Shared>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    off_reactor(move || tokenize_now(&s, b)).await.map(Json)
+}
+
+fn tokenize_now(
+    s: &Shared,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<serde_json::Value, ApiError> {
     let req: TokenizeRequest = parse(&body(b)?)?;
     s.check_model(req.model.as_deref())?;
     let ready = s.ready()?;
@@ -106,21 +114,24 @@ pub async fn tokenize(
         }
     }
     .map_err(ApiError::from_model)?;
-    Ok(Json(json!({
+    Ok(json!({
         "count": tokens.len(),
         "max_model_len": max_len(ready),
         "tokens": tokens,
-    })))
+    }))
 }
 
 pub async fn detokenize(
     State(s): State<Shared>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let req: DetokenizeRequest = parse(&body(b)?)?;
-    s.check_model(req.model.as_deref())?;
-    let tok = tokenizer(s.ready()?);
-    tok.check_ids(&req.tokens)
-        .map_err(|e| ApiError::invalid(e.to_string(), Some("tokens")))?;
-    Ok(Json(json!({"prompt": tok.decode(&req.tokens, false)})))
+    off_reactor(move || {
+        let req: DetokenizeRequest = parse(&body(b)?)?;
+        s.check_model(req.model.as_deref())?;
+        let tok = tokenizer(s.ready()?);
+        tok.check_ids(&req.tokens)
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("tokens")))?;
+        Ok(Json(json!({"prompt": tok.decode(&req.tokens, false)})))
+    })
+    .await
 }

@@ -6,23 +6,29 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use base64::Engine;
+use ferrum_engine::Prepared;
 use serde_json::json;
 use tokio::sync::oneshot;
 
 use crate::admin::body;
 use crate::embed_worker::EmbedJob;
 use crate::error::ApiError;
+use crate::guard::off_reactor;
 use crate::protocol::{embedding_inputs, parse, EmbeddingRequest};
 use crate::{Ready, Shared};
 
-pub async fn embeddings(
-    State(s): State<Shared>,
-    b: Result<Bytes, BytesRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+/// What an embedding request needs once parsed and tokenized (off the
+/// async threads, see [`crate::guard::off_reactor`]).
+struct EmbedPrep {
+    base64: bool,
+    prepared: Vec<Prepared>,
+}
+
+fn prepare_embeddings(s: &Shared, b: Result<Bytes, BytesRejection>) -> Result<EmbedPrep, ApiError> {
     let req: EmbeddingRequest = parse(&body(b)?)?;
     s.check_model(req.model.as_deref())?;
     tracing::debug!(user = req.user.as_deref(), "embedding request");
-    let Ready::Embed { jobs, embedder } = s.ready()? else {
+    let Ready::Embed { embedder, .. } = s.ready()? else {
         return Err(ApiError::invalid(
             "this server runs a generative model; start `ferrum serve` with an embedding model (e.g. --model minilm) for /v1/embeddings",
             Some("model"),
@@ -53,6 +59,22 @@ pub async fn embeddings(
     let prepared = embedder
         .prepare(&inputs, true)
         .map_err(|e| ApiError::invalid(e.to_string(), Some("input")))?;
+    Ok(EmbedPrep { base64, prepared })
+}
+
+pub async fn embeddings(
+    State(s): State<Shared>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let shared = s.clone();
+    let EmbedPrep { base64, prepared } =
+        off_reactor(move || prepare_embeddings(&shared, b)).await?;
+    let Ready::Embed { jobs, .. } = s.ready()? else {
+        return Err(ApiError::invalid(
+            "this server runs a generative model",
+            Some("model"),
+        ));
+    };
     let (reply, rx) = oneshot::channel();
     jobs.send(EmbedJob {
         inputs: prepared,

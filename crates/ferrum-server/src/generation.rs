@@ -3,6 +3,7 @@
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -22,6 +23,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::admin::body;
 use crate::error::ApiError;
+use crate::guard::off_reactor;
 use crate::protocol::{
     parse, reject_unknown, ChatMessage, ChatRequest, CompletionRequest, GenParams, Prompt,
 };
@@ -298,10 +300,18 @@ fn fingerprint() -> String {
     format!("ferrum-{}", env!("CARGO_PKG_VERSION"))
 }
 
-pub async fn chat(
-    State(s): State<Shared>,
-    b: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+/// A chat request parsed, checked, rendered and tokenized: the CPU work
+/// before it can be queued, done off the async threads (see
+/// [`crate::guard::off_reactor`]).
+struct ChatPrep {
+    p: GenParams,
+    tok: Arc<Tokenizer>,
+    tools: Option<ToolSetup>,
+    prompt: Vec<u32>,
+    constraint: Option<Constraint>,
+}
+
+fn prepare_chat(s: &Shared, b: Result<Bytes, BytesRejection>) -> Result<ChatPrep, ApiError> {
     let req: ChatRequest = parse(&body(b)?)?;
     reject_unknown(&req.unknown)?;
     s.check_model(req.gen.model.as_deref())?;
@@ -338,6 +348,27 @@ pub async fn chat(
     let prompt = tok
         .encode(&text, false, true)
         .map_err(ApiError::from_model)?;
+    Ok(ChatPrep {
+        p,
+        tok,
+        tools,
+        prompt,
+        constraint,
+    })
+}
+
+pub async fn chat(
+    State(s): State<Shared>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let shared = s.clone();
+    let ChatPrep {
+        p,
+        tok,
+        tools,
+        prompt,
+        constraint,
+    } = off_reactor(move || prepare_chat(&shared, b)).await?;
     let prompt_tokens = prompt.len();
     let rx = submit(&s, prompt, "messages", &p, None, None, constraint)?;
     let id = s.request_id("chatcmpl");
@@ -496,10 +527,20 @@ fn chat_message(
     )
 }
 
-pub async fn completions(
-    State(s): State<Shared>,
+/// A completion request parsed, checked and tokenized, off the async
+/// threads (see [`crate::guard::off_reactor`]).
+struct CompletionPrep {
+    p: GenParams,
+    echo: bool,
+    tok: Arc<Tokenizer>,
+    constraint: Option<Constraint>,
+    prompts: Vec<Vec<u32>>,
+}
+
+fn prepare_completion(
+    s: &Shared,
     b: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
+) -> Result<CompletionPrep, ApiError> {
     let req: CompletionRequest = parse(&body(b)?)?;
     reject_unknown(&req.unknown)?;
     s.check_model(req.gen.model.as_deref())?;
@@ -539,15 +580,36 @@ pub async fn completions(
             Some("echo"),
         ));
     }
+    Ok(CompletionPrep {
+        p,
+        echo: req.echo,
+        tok,
+        constraint,
+        prompts,
+    })
+}
+
+pub async fn completions(
+    State(s): State<Shared>,
+    b: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let shared = s.clone();
+    let CompletionPrep {
+        p,
+        echo,
+        tok,
+        constraint,
+        prompts,
+    } = off_reactor(move || prepare_completion(&shared, b)).await?;
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
     // Only `echo` needs the prompts' text back.
-    let echoes: Vec<String> = if req.echo {
+    let echoes: Vec<String> = if echo {
         prompts.iter().map(|ids| tok.decode(ids, true)).collect()
     } else {
         Vec::new()
     };
     // `echo` with `logprobs` scores each prompt; its first token has none.
-    let score_prompt = p.logprobs.filter(|_| req.echo);
+    let score_prompt = p.logprobs.filter(|_| echo);
     let firsts: Vec<Option<u32>> = prompts.iter().map(|ids| ids.first().copied()).collect();
     // OpenAI's default for the legacy endpoint is 16 tokens.
     let rxs = prompts
@@ -600,9 +662,9 @@ pub async fn completions(
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            let prefix = if req.echo { echoes[i / n].as_str() } else { "" };
+            let prefix = if echo { echoes[i / n].as_str() } else { "" };
             let lp = match (p.logprobs, &c.done) {
-                (Some(k), Some(d)) if req.echo => {
+                (Some(k), Some(d)) if echo => {
                     // The prompt from offset 0, then what was generated.
                     let first = firsts[i / n].map(|t| (t, None));
                     let scored = d.prompt_logprobs.iter().map(|s| (s.token, Some(s)));

@@ -234,6 +234,37 @@ pub async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response
     next.run(req).await
 }
 
+/// The longest a request's CPU work (parsing, chat templates, tokenizing,
+/// grammar compiles) may take before the request fails with 503; the
+/// templates' own fuel bounds what runs on after that.
+const CPU_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Runs a request's CPU work on the blocking pool, not on the async
+/// threads, so `/health`, `/metrics` and every other connection keep
+/// being served while a 16 MB body is tokenized or a template runs; past
+/// [`CPU_LIMIT`] the request fails (the work is left to finish in the
+/// background).
+pub async fn off_reactor<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    match tokio::time::timeout(CPU_LIMIT, tokio::task::spawn_blocking(work)).await {
+        Ok(Ok(done)) => done,
+        Ok(Err(e)) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("request preparation failed: {e}"),
+            None,
+        )),
+        Err(_) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "preparing this request took over {} s (template, tokenizer or grammar)",
+                CPU_LIMIT.as_secs()
+            ),
+            None,
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

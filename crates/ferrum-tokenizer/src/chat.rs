@@ -126,6 +126,38 @@ pub struct ChatTemplate {
     env: Environment<'static>,
 }
 
+/// Instructions one render may run. A chat template is a loop over the
+/// messages and the tools: tens to thousands of instructions for a real
+/// conversation; a template that loops without end (from a model file)
+/// stops here, in well under a second, instead of holding a thread.
+const TEMPLATE_FUEL: u64 = 10_000_000;
+
+/// Bytes one render may write: a prompt past this (16 MiB, millions of
+/// tokens) can only come from a runaway template.
+const TEMPLATE_OUTPUT_LIMIT: usize = 16 << 20;
+
+/// Bytes that refuse to grow past [`TEMPLATE_OUTPUT_LIMIT`].
+#[derive(Default)]
+struct Bounded {
+    out: Vec<u8>,
+    full: bool,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.out.len() + buf.len() > TEMPLATE_OUTPUT_LIMIT {
+            self.full = true;
+            return Err(std::io::Error::other("output limit"));
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 fn raise_exception(msg: String) -> std::result::Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, msg))
 }
@@ -142,6 +174,7 @@ impl ChatTemplate {
         env.set_keep_trailing_newline(false);
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_template_owned("chat", source.to_owned())
             .map_err(|e| FerrumError::invalid(format!("chat template does not compile: {e}")))?;
         Ok(Self { env })
@@ -153,13 +186,25 @@ impl ChatTemplate {
             .env
             .get_template("chat")
             .map_err(|e| FerrumError::invalid(format!("chat template: {e}")))?;
-        tmpl.render(context! {
+        let mut out = Bounded::default();
+        let ctx = context! {
             messages => messages,
             add_generation_prompt => opts.add_generation_prompt,
             tools => opts.tools,
             bos_token => opts.bos_token,
             eos_token => opts.eos_token,
-        })
-        .map_err(|e| FerrumError::invalid(format!("chat template failed: {e}")))
+        };
+        match tmpl.render_captured_to(ctx, &mut out) {
+            // minijinja writes its strings whole: the bytes are UTF-8.
+            Ok(_) => Ok(String::from_utf8_lossy(&out.out).into_owned()),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(FerrumError::invalid(format!(
+                "chat template ran past {TEMPLATE_FUEL} steps (does it loop without end?)"
+            ))),
+            Err(_) if out.full => Err(FerrumError::invalid(format!(
+                "chat template wrote over {} MiB",
+                TEMPLATE_OUTPUT_LIMIT >> 20
+            ))),
+            Err(e) => Err(FerrumError::invalid(format!("chat template failed: {e}"))),
+        }
     }
 }

@@ -65,3 +65,34 @@ fn template_errors_are_reported_not_panics() {
         .unwrap_err();
     assert!(err.to_string().contains("only user turns"), "{err}");
 }
+
+/// A template from a model file cannot hold a thread or the memory: one
+/// that loops without end runs out of fuel, one that writes without end
+/// hits the output limit, both in well under a second, as errors that say
+/// so. (Before: the server froze, and ignored SIGTERM.)
+#[test]
+fn runaway_templates_stop_with_an_error() {
+    let opts = ChatOptions::default();
+    let msgs = [Message::new("user", "x")];
+    let start = std::time::Instant::now();
+    let looping = ChatTemplate::new(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    )
+    .unwrap();
+    let err = looping.render(&msgs, &opts).unwrap_err().to_string();
+    assert!(err.contains("loop without end"), "{err}");
+    let writing =
+        ChatTemplate::new("{% for i in range(100000) %}{{ 'x' * 1000000 }}{% endfor %}").unwrap();
+    let err = writing.render(&msgs, &opts).unwrap_err().to_string();
+    assert!(err.contains("wrote over"), "{err}");
+    assert!(start.elapsed().as_secs() < 20, "{:?}", start.elapsed());
+    // A long real conversation is far from either bound.
+    let many: Vec<Message> = (0..2000)
+        .map(|i| Message::new(if i % 2 == 0 { "user" } else { "assistant" }, "hello there"))
+        .collect();
+    let chatml = ChatTemplate::new(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
+    )
+    .unwrap();
+    assert!(chatml.render(&many, &opts).is_ok());
+}
