@@ -179,6 +179,50 @@ impl HfConfig {
     pub fn parse(text: &str) -> std::result::Result<Self, String> {
         let cfg: Self =
             serde_json::from_str(text).map_err(|e| format!("invalid config.json: {e}"))?;
+        use crate::sizes::{self, *};
+        sizes::check(&[
+            ("num_hidden_layers", cfg.num_hidden_layers, MAX_LAYERS),
+            ("hidden_size", cfg.hidden_size, MAX_HIDDEN),
+            ("intermediate_size", cfg.intermediate_size, MAX_INTERMEDIATE),
+            ("num_attention_heads", cfg.num_attention_heads, MAX_HEADS),
+            ("num_key_value_heads", cfg.num_kv_heads(), MAX_HEADS),
+            ("head_dim", cfg.head_dim.unwrap_or(0), MAX_HEAD_DIM),
+            ("vocab_size", cfg.vocab_size, MAX_VOCAB),
+            (
+                "max_position_embeddings",
+                cfg.max_position_embeddings.unwrap_or(0),
+                MAX_POSITIONS,
+            ),
+            ("num_experts", cfg.num_experts.unwrap_or(0), MAX_EXPERTS),
+            (
+                "num_experts_per_tok",
+                cfg.num_experts_per_tok.unwrap_or(0),
+                MAX_EXPERTS,
+            ),
+            (
+                "moe_intermediate_size",
+                cfg.moe_intermediate_size.unwrap_or(0),
+                MAX_INTERMEDIATE,
+            ),
+            ("kv_lora_rank", cfg.kv_lora_rank.unwrap_or(0), MAX_HIDDEN),
+            ("q_lora_rank", cfg.q_lora_rank.unwrap_or(0), MAX_HIDDEN),
+            (
+                "sliding_window",
+                cfg.sliding_window.unwrap_or(0),
+                MAX_POSITIONS,
+            ),
+        ])?;
+        for (name, v) in [
+            ("rope_theta", cfg.rope_theta),
+            ("rms_norm_eps", cfg.rms_norm_eps),
+            ("layer_norm_eps", cfg.layer_norm_eps),
+            ("rope_local_base_freq", cfg.rope_local_base_freq),
+            ("partial_rotary_factor", cfg.partial_rotary_factor),
+        ] {
+            if let Some(v) = v {
+                sizes::positive(name, v)?;
+            }
+        }
         if cfg.num_attention_heads == 0 || cfg.hidden_size == 0 || cfg.num_hidden_layers == 0 {
             return Err(
                 "hidden_size, num_hidden_layers and num_attention_heads must be positive".into(),
@@ -379,6 +423,24 @@ mod tests {
             "rope_scaling":{"rope_type":"llama3","factor":8.0}"#,
         );
         assert_eq!(llama.rope(None).original_max_position_embeddings, Some(64));
+    }
+
+    /// Sizes and hyperparameters from the file are checked before anything
+    /// is sized from them: four billion layers used to abort the process
+    /// ("memory allocation of 6012954213000 bytes failed").
+    #[test]
+    fn impossible_sizes_and_hyperparameters_are_named() {
+        let base = r#""model_type":"llama","hidden_size":64,"intermediate_size":128,
+            "num_attention_heads":4"#;
+        let err = |extra: &str| HfConfig::parse(&format!("{{{base},{extra}}}")).unwrap_err();
+        let e = err(r#""num_hidden_layers":4294967295,"vocab_size":10"#);
+        assert!(e.contains("num_hidden_layers 4294967295"), "{e}");
+        let e = err(r#""num_hidden_layers":2,"vocab_size":999999999"#);
+        assert!(e.contains("vocab_size 999999999"), "{e}");
+        let e = err(r#""num_hidden_layers":2,"vocab_size":10,"rope_theta":-1.0"#);
+        assert!(e.contains("rope_theta -1"), "{e}");
+        let e = err(r#""num_hidden_layers":2,"vocab_size":10,"rms_norm_eps":0.0"#);
+        assert!(e.contains("rms_norm_eps 0"), "{e}");
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod gguf;
 pub mod hf_config;
 pub mod hf_quant;
 pub mod safetensors;
+pub mod sizes;
 
 /// Ferrum's model cache: `$FERRUM_MODELS`, else `~/.cache/ferrum/models`
 /// (where `ferrum pull` and `fetch.sh` put models).

@@ -199,3 +199,57 @@ fn check_conversion(name: &str, same_model: bool, llama_cpp_tol: Option<f32>) {
         "{name}: GGUF vs safetensors: logits differ by {worst} (scale {scale})"
     );
 }
+
+/// A GGUF whose `block_count` is four billion (a corrupt or hostile file)
+/// is an error naming the field, found before anything is sized from it
+/// (it used to grow the process to 3.7 GB and hang); a count past the
+/// layers the file holds, and a NaN RoPE base, likewise.
+#[test]
+fn corrupt_sizes_are_errors_before_any_allocation() {
+    let path = root().join("target/fixtures/llama-rope-scaling.gguf");
+    if !path.exists() {
+        eprintln!("skipping: {} not found", path.display());
+        return;
+    }
+    let bytes = std::fs::read(&path).unwrap();
+    // A u32 or f32 value right after its key and type word.
+    let patched = |key: &str, value: [u8; 4]| {
+        let at = bytes
+            .windows(key.len())
+            .position(|w| w == key.as_bytes())
+            .unwrap()
+            + key.len()
+            + 4;
+        let mut b = bytes.clone();
+        b[at..at + 4].copy_from_slice(&value);
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("corrupt-{}-{key}.gguf", std::process::id()));
+        std::fs::write(&out, b).unwrap();
+        out
+    };
+    for (key, value, want) in [
+        (
+            "llama.block_count",
+            u32::MAX.to_le_bytes(),
+            "block_count 4294967295",
+        ),
+        (
+            "llama.block_count",
+            3u32.to_le_bytes(),
+            "more layers than the file holds",
+        ),
+        (
+            "llama.rope.freq_base",
+            f32::NAN.to_le_bytes(),
+            "rope.freq_base NaN",
+        ),
+    ] {
+        let file = patched(key, value);
+        let g = GgufFile::open(&file).unwrap();
+        let err = match LlamaModel::<CpuBackend>::from_gguf(&g) {
+            Ok(_) => panic!("{key}: loaded"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(want), "{key}: {err}");
+    }
+}

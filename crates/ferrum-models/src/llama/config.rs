@@ -626,6 +626,52 @@ impl LlamaConfig {
                     g.error("neither vocab_size nor tokenizer.ggml.tokens is present")
                 })?,
         };
+        // Sizes before anything is sized from them (a corrupt count must
+        // be an error, not an allocation that aborts), and the layer count
+        // against the layers the file holds.
+        {
+            use ferrum_formats::sizes::{self, *};
+            let opt = |k: &str| u(k).unwrap_or(0);
+            sizes::check(&[
+                ("block_count", layers, MAX_LAYERS),
+                ("embedding_length", hidden, MAX_HIDDEN),
+                ("attention.head_count", heads, MAX_HEADS),
+                (
+                    "attention.head_count_kv",
+                    opt("attention.head_count_kv"),
+                    MAX_HEADS,
+                ),
+                ("attention.key_length", head_dim, MAX_HEAD_DIM),
+                ("vocab_size", vocab, MAX_VOCAB),
+                (
+                    "feed_forward_length",
+                    opt("feed_forward_length"),
+                    MAX_INTERMEDIATE,
+                ),
+                ("context_length", opt("context_length"), MAX_POSITIONS),
+                ("expert_count", opt("expert_count"), MAX_EXPERTS),
+                ("expert_used_count", opt("expert_used_count"), MAX_EXPERTS),
+                (
+                    "attention.sliding_window",
+                    opt("attention.sliding_window"),
+                    MAX_POSITIONS,
+                ),
+            ])
+            .map_err(|e| g.error(e))?;
+            let last = format!("blk.{}.", layers.saturating_sub(1));
+            if layers == 0 || !g.tensors().iter().any(|t| t.name.starts_with(&last)) {
+                return Err(g.error(format!(
+                    "block_count {layers} is more layers than the file holds"
+                )));
+            }
+            for (k, default) in [
+                ("rope.freq_base", 10_000.0),
+                ("attention.layer_norm_rms_epsilon", 1e-6),
+            ] {
+                let v = g.get_f64(&key(k)).unwrap_or(default);
+                sizes::positive(&key(k), v).map_err(|e| g.error(e))?;
+            }
+        }
         let theta = g.get_f64(&key("rope.freq_base")).unwrap_or(10_000.0) as f32;
         let rotary = u("rope.dimension_count").unwrap_or(head_dim);
         let long_rope = (
