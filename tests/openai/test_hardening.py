@@ -73,6 +73,30 @@ def test_stalled_body_is_408(hardened_server):
     assert waited < 6
 
 
+def test_bad_chunk_framing_is_400(chat_server):
+    """A chunked body whose chunk size is not hex is a bad request (it was
+    answered as too large)."""
+    s = connect(chat_server)
+    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")
+    _, reply = closed_after(s)
+    assert reply.startswith(b"HTTP/1.1 400"), reply
+
+
+def test_host_header_must_be_one(chat_server):
+    """RFC 9112: two Host headers, or none on HTTP/1.1, are bad requests
+    (only the first of two was checked)."""
+    for head in [b"Host: 127.0.0.1\r\nHost: evil.example\r\n", b""]:
+        s = connect(chat_server)
+        s.sendall(b"GET /health HTTP/1.1\r\n" + head + b"Connection: close\r\n\r\n")
+        _, reply = closed_after(s)
+        assert reply.startswith(b"HTTP/1.1 400"), (head, reply)
+    s = connect(chat_server)
+    s.sendall(b"GET /health HTTP/1.0\r\n\r\n")
+    _, reply = closed_after(s)
+    assert b" 200 " in reply.split(b"\r\n")[0], reply
+
+
 def test_idle_keep_alive_connections_are_closed(hardened_server):
     s = connect(hardened_server)
     s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")

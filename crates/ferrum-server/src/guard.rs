@@ -49,7 +49,16 @@ pub async fn read_body(State(s): State<Shared>, req: Request, next: Next) -> Res
     }
     let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(b)) => b,
-        Ok(Err(_)) => return too_large(),
+        Ok(Err(e)) if over_limit(&e) => return too_large(),
+        // A body that breaks off or is framed wrong (a chunk size `zz`).
+        Ok(Err(e)) => {
+            return ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("the request body could not be read: {e}"),
+                None,
+            )
+            .into_response()
+        }
         Err(_) => {
             return ApiError::new(
                 StatusCode::REQUEST_TIMEOUT,
@@ -64,6 +73,19 @@ pub async fn read_body(State(s): State<Shared>, req: Request, next: Next) -> Res
     };
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
+}
+
+/// Whether reading a body failed on the size limit (rather than on its
+/// framing or a dropped connection).
+fn over_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// The host part of a `Host` header (no port; IPv6 without brackets).
@@ -127,6 +149,16 @@ fn cors_headers(resp: &mut Response, origin: &str) {
 /// Host, Origin (with CORS preflight) and content-type checks.
 pub async fn browser(State(s): State<Shared>, req: Request, next: Next) -> Response {
     let headers = req.headers();
+    // RFC 9112 §3.2: an HTTP/1.1 request has exactly one Host header.
+    let hosts = headers.get_all(header::HOST).iter().count();
+    if hosts > 1 || (hosts == 0 && req.version() == axum::http::Version::HTTP_11) {
+        return ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("an HTTP/1.1 request needs exactly one Host header (this one has {hosts})"),
+            None,
+        )
+        .into_response();
+    }
     let host = text(headers, header::HOST);
     if let Some(h) = host {
         if !host_allowed(h, &s.cfg.allowed_hosts) {

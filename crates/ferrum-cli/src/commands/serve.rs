@@ -27,7 +27,8 @@ pub struct ServeArgs {
     host: String,
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// The model id clients send (default: the --model argument).
+    /// The model id clients send (default: the --model alias, or the
+    /// file or folder name of a --model path).
     #[arg(long)]
     served_model_name: Option<String>,
     /// Require `Authorization: Bearer KEY` on /v1/* (also FERRUM_API_KEY).
@@ -86,12 +87,25 @@ pub struct ServeArgs {
     spec: SpecArgs,
 }
 
+/// The name a `--model` argument is served as: an alias as given, a path
+/// by its last component (responses would otherwise show a local path to
+/// every client).
+fn served_name(model: &str) -> String {
+    let path = std::path::Path::new(model.trim_end_matches(['/', '\\']));
+    match path.file_name() {
+        Some(name) if path.components().count() > 1 => name.to_string_lossy().into_owned(),
+        _ => model.to_string(),
+    }
+}
+
 pub fn run(args: ServeArgs) -> Result<()> {
     let path = resolve(&args.model)?;
     let cfg = ServeConfig {
         host: args.host,
         port: args.port,
-        served_model_name: args.served_model_name.unwrap_or_else(|| args.model.clone()),
+        served_model_name: args
+            .served_model_name
+            .unwrap_or_else(|| served_name(&args.model)),
         accept_any_model: args.accept_any_model,
         api_keys: match &args.api_key_file {
             Some(f) => read_keys(f)?,
@@ -182,7 +196,19 @@ fn start_line(addr: SocketAddr, webui: bool) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::start_line;
+    use super::{served_name, start_line};
+
+    #[test]
+    fn paths_are_served_by_their_last_component() {
+        assert_eq!(served_name("smollm2"), "smollm2");
+        assert_eq!(served_name("qwen2.5-coder:0.5b"), "qwen2.5-coder:0.5b");
+        assert_eq!(
+            served_name("/home/me/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+            "SmolLM2-135M-Instruct.Q4_1.gguf"
+        );
+        assert_eq!(served_name("models/Qwen2.5-0.5B/"), "Qwen2.5-0.5B");
+        assert_eq!(served_name("./tiny"), "tiny");
+    }
 
     #[test]
     fn start_line_names_a_url_a_browser_can_open() {
