@@ -68,6 +68,9 @@ pub struct ServeConfig {
     pub read_timeout: Duration,
     /// Connections open at once.
     pub max_connections: usize,
+    /// Longest a write to a client may wait without progress before the
+    /// connection (and its generation) is dropped.
+    pub write_timeout: Duration,
     /// Requests accepted but unfinished before new ones get 429.
     pub max_queue: usize,
     /// Largest request body; larger ones get 413.
@@ -340,6 +343,7 @@ impl Bound {
         let limits = listen::ConnLimits {
             header_timeout: state.cfg.read_timeout,
             max_connections: state.cfg.max_connections.max(1),
+            write_timeout: state.cfg.write_timeout,
         };
         let server = listen::serve(listener, router(state), limits, async move {
             shutdown_signal().await;

@@ -59,6 +59,10 @@ pub struct ServeArgs {
     /// connection is kept), and again to send its body.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     read_timeout: u64,
+    /// Seconds a write to a client may wait without progress (a client that
+    /// stopped reading) before its connection and generation are dropped.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    write_timeout: u64,
     /// Connections open at once; more wait to be accepted.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=65_536))]
     max_connections: u64,
@@ -115,6 +119,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         allowed_hosts: args.allowed_hosts,
         allowed_origins: args.allowed_origins,
         read_timeout: Duration::from_secs(args.read_timeout),
+        write_timeout: Duration::from_secs(args.write_timeout),
         max_connections: args.max_connections as usize,
         max_queue: args.max_queue.max(1),
         max_body_bytes: args.max_body_bytes,
