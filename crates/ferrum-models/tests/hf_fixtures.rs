@@ -442,3 +442,29 @@ fn checkpoints_that_would_compute_something_else_are_refused() {
     };
     LlamaModel::<CpuBackend>::from_hf_dir(&dir).unwrap();
 }
+
+/// A weight stored transposed (shape `[64, 32]` where `[32, 64]` is meant:
+/// the same element count) is an error naming it, not garbage; the
+/// checkpoint's header is patched in place (the shape text keeps its
+/// length).
+#[test]
+fn transposed_weights_are_refused() {
+    let Some(dir) = with_config("llama-mlp-bias", "{}") else {
+        return;
+    };
+    let path = dir.join("model.safetensors");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let key = br#"model.layers.0.self_attn.k_proj.weight":{"dtype":"F32","shape":[32,64]"#;
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("k_proj in the header");
+    let shape = at + key.len() - b"[32,64]".len();
+    bytes[shape..shape + 7].copy_from_slice(b"[64,32]");
+    std::fs::write(&path, bytes).unwrap();
+    let err = load_error(&dir);
+    assert!(
+        err.contains("k_proj.weight has shape [64, 32]") && err.contains("expected [32, 64]"),
+        "{err}"
+    );
+}

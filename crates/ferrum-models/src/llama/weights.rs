@@ -257,19 +257,28 @@ fn missing(name: &str) -> FerrumError {
 
 /// Reads `name` (expected to hold `numel` values), keeping supported GGUF
 /// block formats as they are.
-fn read(src: &Source, name: &str, numel: usize) -> Result<Option<Raw>> {
+/// Tensor `name` of shape `dims` (`[rows, columns]` as PyTorch writes a
+/// linear weight, or `[n]`), or `None` when the file lacks it. The shape
+/// is checked dimension by dimension where the file gives one of the same
+/// rank (GGUF lists them innermost first), so a transposed weight is an
+/// error, not garbage; other ranks (llama.cpp's 3-D latent attention
+/// tensors) are held to the element count.
+fn read(src: &Source, name: &str, dims: &[usize]) -> Result<Option<Raw>> {
+    let numel: usize = dims.iter().product();
     let wrong = |shape: &[usize], got: u64| {
         FerrumError::invalid(format!(
-            "tensor {name} has shape {shape:?} ({got} values), expected {numel}"
+            "tensor {name} has shape {shape:?} ({got} values), expected {dims:?}"
         ))
     };
+    let same = |shape: &[usize]| shape.len() != dims.len() || shape == dims;
     match src {
         Source::Gguf(g) => {
             let Some(t) = g.tensor(name) else {
                 return Ok(None);
             };
-            if t.numel() != numel as u64 {
-                return Err(wrong(&t.shape(), t.numel()));
+            let shape = t.shape();
+            if t.numel() != numel as u64 || !same(&shape) {
+                return Err(wrong(&shape, t.numel()));
             }
             let data = g.tensor_data(t);
             if let Some(qt) = GgufQuantType::from_ggml(t.ty).filter(|_| t.dims.len() == 2) {
@@ -292,7 +301,7 @@ fn read(src: &Source, name: &str, numel: usize) -> Result<Option<Raw>> {
                 return Ok(None);
             }
             let (v, shape) = st.to_f32(name)?;
-            if v.len() != numel {
+            if v.len() != numel || !same(&shape) {
                 return Err(wrong(&shape, v.len() as u64));
             }
             Ok(Some(Raw::F32(v)))
@@ -331,13 +340,13 @@ fn from_hf_quant(w: HfLinear) -> Result<Raw> {
     }
 }
 
-fn require(src: &Source, name: &str, numel: usize) -> Result<Raw> {
-    read(src, name, numel)?.ok_or_else(|| missing(name))
+fn require(src: &Source, name: &str, dims: &[usize]) -> Result<Raw> {
+    read(src, name, dims)?.ok_or_else(|| missing(name))
 }
 
 /// Reads an f32 vector (norm weights, biases).
 fn vector(src: &Source, name: &str, n: usize) -> Result<Vec<f32>> {
-    require(src, name, n)?.to_f32(1, n)
+    require(src, name, &[n])?.to_f32(1, n)
 }
 
 /// A projection weight `[n, k]` in backend memory.
@@ -779,7 +788,7 @@ fn load_moe<B: Backend>(
         Source::Gguf(g) => {
             let n = |s: &str| format!("blk.{i}.{s}");
             (
-                require(src, &n("ffn_gate_inp.weight"), ne * h)?,
+                require(src, &n("ffn_gate_inp.weight"), &[ne, h])?,
                 read_stacked(g, &n("ffn_gate_exps.weight"), ne, im, h)?,
                 read_stacked(g, &n("ffn_up_exps.weight"), ne, im, h)?,
                 read_stacked(g, &n("ffn_down_exps.weight"), ne, h, im)?,
@@ -793,11 +802,11 @@ fn load_moe<B: Backend>(
             let p = format!("model.layers.{i}.{block}");
             let each = |w: &str, rows: usize, k: usize| -> Result<Vec<Raw>> {
                 (0..ne)
-                    .map(|e| require(src, &format!("{p}.experts.{e}.{w}.weight"), rows * k))
+                    .map(|e| require(src, &format!("{p}.experts.{e}.{w}.weight"), &[rows, k]))
                     .collect()
             };
             (
-                require(src, &format!("{p}.gate.weight"), ne * h)?,
+                require(src, &format!("{p}.gate.weight"), &[ne, h])?,
                 each(gate, im, h)?,
                 each(up, im, h)?,
                 each(down, h, im)?,
@@ -817,12 +826,12 @@ fn load_moe<B: Backend>(
                 }
             };
             let gate_up = vec![
-                (require(src, &name(0), sim * h)?, sim),
-                (require(src, &name(1), sim * h)?, sim),
+                (require(src, &name(0), &[sim, h])?, sim),
+                (require(src, &name(1), &[sim, h])?, sim),
             ];
             Some(Expert {
                 gate_up: Linear::upload(fuse_or_f32(gate_up, h)?, 2 * sim, h)?,
-                down: Linear::upload(require(src, &name(2), h * sim)?, h, sim)?,
+                down: Linear::upload(require(src, &name(2), &[h, sim])?, h, sim)?,
                 bias: None,
             })
         }
@@ -915,23 +924,23 @@ fn load_mla<B: Backend>(
     let query = match m.q_lora_rank {
         Some(rank) => MlaQuery::LowRank {
             rank,
-            a: Linear::upload(require(src, &name("q_a_proj.weight"), rank * h)?, rank, h)?,
+            a: Linear::upload(require(src, &name("q_a_proj.weight"), &[rank, h])?, rank, h)?,
             norm: B::from_slice(&vector(src, &name("q_a_layernorm.weight"), rank)?),
             b: Linear::upload(
-                require(src, &name("q_b_proj.weight"), heads * qk * rank)?
+                require(src, &name("q_b_proj.weight"), &[heads * qk, rank])?
                     .permute_rows(heads * qk, head_rows),
                 heads * qk,
                 rank,
             )?,
         },
         None => MlaQuery::Full(Linear::upload(
-            require(src, &name("q_proj.weight"), heads * qk * h)?
+            require(src, &name("q_proj.weight"), &[heads * qk, h])?
                 .permute_rows(heads * qk, head_rows),
             heads * qk,
             h,
         )?),
     };
-    let [c, kr]: [Raw; 2] = require(src, &name("kv_a_proj_with_mqa.weight"), dkv * h)?
+    let [c, kr]: [Raw; 2] = require(src, &name("kv_a_proj_with_mqa.weight"), &[dkv, h])?
         .split_rows(dkv, &[rank, rope])
         .try_into()
         .map_err(|_| FerrumError::invalid("kv_a split into other than 2 parts"))?;
@@ -940,16 +949,16 @@ fn load_mla<B: Backend>(
     // `attn_k_b` (each head's part transposed, `[heads, rank, nope]`) and
     // `attn_v_b` (`[heads, v, rank]`).
     let kv_b = match src {
-        Source::Hf(..) => require(src, &name("kv_b_proj.weight"), heads * (nope + v) * rank)?
+        Source::Hf(..) => require(src, &name("kv_b_proj.weight"), &[heads * (nope + v), rank])?
             .to_f32(heads * (nope + v), rank)?,
         Source::Gguf(_) => {
             let k_b = require(
                 src,
                 &format!("blk.{i}.attn_k_b.weight"),
-                heads * rank * nope,
+                &[heads, rank, nope],
             )?
             .to_f32(heads * rank, nope)?;
-            let v_b = require(src, &format!("blk.{i}.attn_v_b.weight"), heads * v * rank)?
+            let v_b = require(src, &format!("blk.{i}.attn_v_b.weight"), &[heads, v, rank])?
                 .to_f32(heads * v, rank)?;
             let mut kv_b = vec![0f32; heads * (nope + v) * rank];
             for hh in 0..heads {
@@ -1074,7 +1083,7 @@ impl<B: Backend> Weights<B> {
                 (None, Some(mla), nh * m.v)
             } else {
                 let (mut q, mut k, v) = if traits.fused_projections {
-                    let fused = require(src, &name(QkvFused, i), (qd + 2 * kvd) * h)?;
+                    let fused = require(src, &name(QkvFused, i), &[qd + 2 * kvd, h])?;
                     let [q, k, v]: [Raw; 3] = fused
                         .split_rows(qd + 2 * kvd, &[qd, kvd, kvd])
                         .try_into()
@@ -1082,9 +1091,9 @@ impl<B: Backend> Weights<B> {
                     (q, k, v)
                 } else {
                     (
-                        require(src, &name(Q, i), qd * h)?,
-                        require(src, &name(K, i), kvd * h)?,
-                        require(src, &name(V, i), kvd * h)?,
+                        require(src, &name(Q, i), &[qd, h])?,
+                        require(src, &name(K, i), &[kvd, h])?,
+                        require(src, &name(V, i), &[kvd, h])?,
                     )
                 };
                 if permuted {
@@ -1131,12 +1140,12 @@ impl<B: Backend> Weights<B> {
                 Some(m) if m.sparse[i] => Mlp::Moe(load_moe(src, cfg.arch, m, i, h)?),
                 _ => {
                     let gate_up = if traits.fused_projections {
-                        require(src, &name(GateUpFused, i), 2 * im * h)?
+                        require(src, &name(GateUpFused, i), &[2 * im, h])?
                     } else {
                         fuse_or_f32(
                             vec![
-                                (require(src, &name(Gate, i), im * h)?, im),
-                                (require(src, &name(Up, i), im * h)?, im),
+                                (require(src, &name(Gate, i), &[im, h])?, im),
+                                (require(src, &name(Up, i), &[im, h])?, im),
                             ],
                             h,
                         )?
@@ -1154,7 +1163,7 @@ impl<B: Backend> Weights<B> {
                     };
                     Mlp::Dense(Expert {
                         gate_up: Linear::upload(gate_up, 2 * im, h)?,
-                        down: Linear::upload(require(src, &name(Down, i), h * im)?, h, im)?,
+                        down: Linear::upload(require(src, &name(Down, i), &[h, im])?, h, im)?,
                         bias,
                     })
                 }
@@ -1165,7 +1174,7 @@ impl<B: Backend> Weights<B> {
                 attn_norm: norm(&name(AttnNorm, i), h)?,
                 qkv,
                 mla,
-                o: Linear::upload(require(src, &name(O, i), h * o_in)?, h, o_in)?,
+                o: Linear::upload(require(src, &name(O, i), &[h, o_in])?, h, o_in)?,
                 o_bias: if cfg.o_bias {
                     Some(B::from_slice(&vector(src, &name(OBias, i), h)?))
                 } else {
@@ -1196,18 +1205,18 @@ impl<B: Backend> Weights<B> {
             });
             progress(i + 1, cfg.layers + 1);
         }
-        let embed_raw = require(src, embed_name, cfg.vocab * h)?;
+        let embed_raw = require(src, embed_name, &[cfg.vocab, h])?;
         let head = match (src, cfg.tied_head) {
             (_, true) => None,
             (Source::Hf(..), false) => {
-                Some(require(src, head_name, cfg.vocab * h).map_err(|_| {
+                Some(require(src, head_name, &[cfg.vocab, h]).map_err(|_| {
                     FerrumError::invalid(format!(
                         "{head_name} is missing and the config does not tie the embeddings \
                      (tie_word_embeddings is false or, for this family, absent)"
                     ))
                 })?)
             }
-            (Source::Gguf(_), false) => read(src, head_name, cfg.vocab * h)?,
+            (Source::Gguf(_), false) => read(src, head_name, &[cfg.vocab, h])?,
         };
         let (embed, lm_head) = match (embed_raw, head) {
             (Raw::Blocks { bytes, ty }, head) => {
