@@ -182,6 +182,16 @@ def test_hostile_text_renders_as_text(chat):
     assert "<script" not in html and "<b>" not in html, html
     # An unclosed fence (a code block mid-stream) is still a code block.
     assert page.evaluate("() => renderMarkdown('```py\\nx = 1').firstChild.className") == "codeblock"
+    # 3000 nested quotes (a reply that crashed the tab, and again on every
+    # load once stored) render 16 deep, the rest as text.
+    depth = page.evaluate("""() => {
+        const d = document.createElement('div');
+        d.append(renderMarkdown('> '.repeat(3000) + 'deep'));
+        let n = 0, e = d;
+        while ((e = e.querySelector(':scope > blockquote'))) n++;
+        return [n, d.textContent.endsWith('deep')];
+    }""")
+    assert depth == [17, True], depth
 
 
 def test_phone_width_and_themes(browser, chat_server):

@@ -137,9 +137,21 @@ function isBlockStart(line) {
   return FENCE.test(line) || HEADING.test(line) || RULE.test(line) || QUOTE.test(line) || ITEM.test(line);
 }
 
+// Quotes and lists nest this deep; deeper content is shown as plain text
+// (a reply of 3000 nested quotes, kept in the stored conversation, crashed
+// the tab on every load).
+const MAX_NESTING = 16;
+
+// Text as one paragraph, with no markup read.
+function plain(text) {
+  const p = el("p");
+  p.textContent = text;
+  return p;
+}
+
 // A small CommonMark subset: fenced code, headings, rules, quotes, lists and
 // paragraphs with inline marks. An unclosed fence (mid-stream) runs to the end.
-function renderMarkdown(src) {
+function renderMarkdown(src, depth = 0) {
   const out = document.createDocumentFragment();
   const lines = String(src).replace(/\r\n?/g, "\n").split("\n");
   let i = 0;
@@ -175,7 +187,8 @@ function renderMarkdown(src) {
       const inner = [];
       for (; i < lines.length && QUOTE.test(lines[i]); i++) inner.push(lines[i].match(QUOTE)[1]);
       const q = el("blockquote");
-      q.append(renderMarkdown(inner.join("\n")));
+      const text = inner.join("\n");
+      q.append(depth < MAX_NESTING ? renderMarkdown(text, depth + 1) : plain(text));
       out.append(q);
       continue;
     }
@@ -189,7 +202,8 @@ function renderMarkdown(src) {
       const flush = () => {
         if (text === null) return;
         const li = el("li");
-        li.append(renderMarkdown(text.join("\n")));
+        const body = text.join("\n");
+        li.append(depth < MAX_NESTING ? renderMarkdown(body, depth + 1) : plain(body));
         // A one-paragraph item renders without its <p>.
         if (li.childNodes.length === 1 && li.firstChild.tagName === "P") li.replaceChildren(...li.firstChild.childNodes);
         list.append(li);
