@@ -2,8 +2,10 @@
 could forge, API-key details, error shapes, and the OpenAI details
 (`models.retrieve`, any model name, which field a context error names)."""
 import json
+import os
 import socket
 import time
+from pathlib import Path
 import urllib.error
 import urllib.request
 
@@ -264,3 +266,45 @@ def test_health_answers_while_big_bodies_are_tokenized(chat_server):
         w.join()
     assert [s for s, _ in done] == [200, 200], done
     assert slowest < 1.0, f"/health took {slowest:.2f} s while tokenizing"
+
+
+def test_model_file_truncated_while_serving(tmp_path):
+    """A mapped model file truncated under a running server stops it with
+    an error that says so (status 74), not a silent SIGBUS; with --no-mmap
+    the model is in memory and the server keeps answering."""
+    import shutil
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from conftest import Server
+
+    src = Path(os.environ.get("FERRUM_MODELS", Path.home() / ".cache/ferrum/models")) / \
+        "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not src.exists():
+        pytest.skip(f"{src} not found (../shared/models/fetch.sh smollm2)")
+    body = {"model": "m.gguf", "prompt": "Hello", "max_tokens": 2}
+    for no_mmap in [False, True]:
+        model = tmp_path / f"{no_mmap}" / "m.gguf"
+        model.parent.mkdir()
+        shutil.copy(src, model)
+        s = Server("--model", str(model), *(["--no-mmap"] if no_mmap else []))
+        try:
+            with open(model, "r+b") as f:
+                f.truncate(4096)
+            status, _, reply = request(s, "/v1/completions", body) if no_mmap else (None, None, None)
+            if no_mmap:
+                assert status == 200, reply
+                continue
+            try:
+                request(s, "/v1/completions", body)
+            except Exception:
+                pass
+            assert s.proc.wait(timeout=60) == 74
+            log = Path(s.log.name).read_text()
+            assert "model file changed on disk" in log, log[-500:]
+        finally:
+            if s.proc.poll() is None:
+                s.stop()
+            else:
+                s.log.close()

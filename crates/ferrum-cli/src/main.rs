@@ -18,6 +18,11 @@ mod pull;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Read model files into memory instead of mapping them (more memory;
+    /// a model file truncated or replaced while in use then changes
+    /// nothing, where a mapped one stops the process with an error).
+    #[arg(long, global = true, env = "FERRUM_NO_MMAP")]
+    no_mmap: bool,
 }
 
 #[derive(Subcommand)]
@@ -62,7 +67,13 @@ impl Command {
 }
 
 fn main() -> ExitCode {
-    let command = Cli::parse().command;
+    let cli = Cli::parse();
+    let command = cli.command;
+    ferrum_formats::file_bytes::set_read_into_memory(cli.no_mmap);
+    #[cfg(unix)]
+    if !cli.no_mmap {
+        report_model_file_faults();
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env()
@@ -81,6 +92,31 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A mapped model file that another process truncates or replaces faults
+/// (SIGBUS) on the next read past its new end, which would kill the process
+/// without a word: say what happened and exit with status 74 (EX_IOERR).
+#[cfg(unix)]
+fn report_model_file_faults() {
+    extern "C" fn on_sigbus(_: libc::c_int) {
+        const MSG: &[u8] =
+            b"\nerror: a model file changed on disk while in use (truncated or replaced); \
+            restart, or run with --no-mmap to read models into memory\n";
+        // SAFETY: write(2) and _exit(2) are async-signal-safe.
+        unsafe {
+            libc::write(2, MSG.as_ptr().cast(), MSG.len());
+            libc::_exit(74);
+        }
+    }
+    // SAFETY: a zeroed sigaction with our handler and an empty mask; the
+    // handler calls async-signal-safe functions only.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigbus as *const () as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
     }
 }
 

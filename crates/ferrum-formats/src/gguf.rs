@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ferrum_types::{FerrumError, GgmlType, Result};
-use memmap2::Mmap;
+
+use crate::file_bytes::FileBytes;
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
@@ -149,10 +150,11 @@ pub struct GgufHeader {
     pub data_offset: u64,
 }
 
-/// A GGUF file opened for reading, its bytes memory-mapped.
+/// A GGUF file opened for reading, its bytes memory-mapped (or read into
+/// memory, see [`crate::file_bytes`]).
 pub struct GgufFile {
     path: PathBuf,
-    map: Arc<Mmap>,
+    map: Arc<FileBytes>,
     header: GgufHeader,
     meta_index: HashMap<String, usize>,
     tensor_index: HashMap<String, usize>,
@@ -167,9 +169,7 @@ impl GgufFile {
         if !meta.is_file() {
             return Err(FerrumError::bad_file(&path, "not a regular file"));
         }
-        // SAFETY: the map is read-only; a file truncated underneath us by
-        // another process is outside what any mmap-based reader can defend.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| FerrumError::io(&path, e))?;
+        let map = FileBytes::open(&file, &path)?;
         let header = parse_header(&map).map_err(|msg| FerrumError::bad_file(&path, msg))?;
         let meta_index = header
             .metadata
@@ -280,7 +280,7 @@ impl GgufFile {
 
     /// The mapping itself, for callers that keep tensor bytes alive without
     /// copying (quantized weights).
-    pub fn mapping(&self) -> Arc<Mmap> {
+    pub fn mapping(&self) -> Arc<FileBytes> {
         Arc::clone(&self.map)
     }
 
@@ -290,17 +290,15 @@ impl GgufFile {
     /// the pages the copy touched would otherwise count twice. Advisory: an
     /// error changes nothing but the resident set.
     pub fn release_resident_pages(&self) -> std::io::Result<()> {
-        #[cfg(unix)]
-        {
+        match &*self.map {
+            #[cfg(unix)]
             // SAFETY: the mapping is shared and read-only, so MADV_DONTNEED
             // discards no data: later reads see the file's bytes again.
-            unsafe {
-                self.map
-                    .unchecked_advise(memmap2::UncheckedAdvice::DontNeed)
-            }
+            FileBytes::Mapped(m) => unsafe {
+                m.unchecked_advise(memmap2::UncheckedAdvice::DontNeed)
+            },
+            _ => Ok(()),
         }
-        #[cfg(not(unix))]
-        Ok(())
     }
 }
 

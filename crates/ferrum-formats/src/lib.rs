@@ -5,6 +5,7 @@
 //! allocates or reads, and reports problems as
 //! [`ferrum_types::FerrumError::BadFile`] naming the file.
 
+pub mod file_bytes;
 pub mod gguf;
 pub mod hf_config;
 pub mod hf_quant;

@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use ferrum_types::{FerrumError, Result};
 use half::{bf16, f16};
-use memmap2::Mmap;
 pub use safetensors::Dtype;
+
+use crate::file_bytes::FileBytes;
 
 struct Entry {
     file: usize,
@@ -35,7 +36,7 @@ impl TensorView<'_> {
 
 /// Every tensor of a checkpoint, across its shards.
 pub struct SafeTensors {
-    files: Vec<(PathBuf, Arc<Mmap>)>,
+    files: Vec<(PathBuf, Arc<FileBytes>)>,
     entries: HashMap<String, Entry>,
     /// Names fetched so far: a loader checks that it used every tensor
     /// ([`SafeTensors::unread`]).
@@ -84,8 +85,7 @@ impl SafeTensors {
         let mut entries = HashMap::new();
         for (fi, path) in paths.iter().enumerate() {
             let file = File::open(path).map_err(|e| FerrumError::io(path, e))?;
-            // SAFETY: read-only mapping of a model file we do not modify.
-            let map = unsafe { Mmap::map(&file) }.map_err(|e| FerrumError::io(path, e))?;
+            let map = FileBytes::open(&file, path)?;
             // Validates the header and that every tensor lies inside the file.
             let (header_len, meta) =
                 safetensors::SafeTensors::read_metadata(&map).map_err(|e| {
