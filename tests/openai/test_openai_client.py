@@ -333,3 +333,27 @@ def test_graceful_shutdown_finishes_in_flight():
     assert out["r"][0] == 200 and out["r"][1]["choices"][0]["text"]
     assert s.proc.wait(timeout=60) == 0
     s.log.close()
+
+
+def test_shutdown_deadline_ends_streams_with_an_error():
+    """A stream still running when --shutdown-timeout passes ends with an
+    error event (it was cut off without one), and the server exits non-zero
+    (it exited 0)."""
+    from conftest import Server
+    s = Server("--model", "smollm2", "--shutdown-timeout", "1")
+    req = urllib.request.Request(
+        s.url + "/v1/completions", method="POST", headers={"Content-Type": "application/json"},
+        data=json.dumps({"model": MODEL, "prompt": "Count: 1, 2,", "max_tokens": 4000, "stream": True,
+                         "temperature": 0, "ignore_eos": True}).encode())
+    events = []
+    with urllib.request.urlopen(req, timeout=60) as r:
+        s.proc.send_signal(15)
+        for line in r:
+            line = line.decode().strip()
+            if line.startswith("data: "):
+                events.append(line[6:])
+    assert events and events[-1] != "[DONE]", events[-3:]
+    last = json.loads(events[-1])
+    assert "shutting down" in last["error"]["message"], last
+    assert s.proc.wait(timeout=60) != 0
+    s.log.close()

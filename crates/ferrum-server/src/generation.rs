@@ -378,7 +378,7 @@ pub async fn chat(
         let mut parsers: Vec<Option<ToolParser>> = (0..p.n)
             .map(|_| tools.as_ref().map(|t| ToolParser::new(t.format)))
             .collect();
-        return Ok(stream(vec![rx], p, move |kind| {
+        return Ok(stream(&s, vec![rx], p, move |kind| {
             let base = |choices: Value| {
                 json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
                        "system_fingerprint": fingerprint(), "choices": choices})
@@ -630,7 +630,7 @@ pub async fn completions(
     let created = now();
     let model = s.cfg.served_model_name.clone();
     if p.stream {
-        return Ok(stream(rxs, p, move |kind| {
+        return Ok(stream(&s, rxs, p, move |kind| {
             let base = |choices: Value| {
                 json!({"id": id, "object": "text_completion", "created": created, "model": model,
                        "system_fingerprint": fingerprint(), "choices": choices})
@@ -699,11 +699,13 @@ enum Chunk {
 /// client that goes away closes the channel, which drops the receivers,
 /// which makes the model thread cancel the request at its next token.
 fn stream(
+    s: &Shared,
     rxs: Vec<mpsc::UnboundedReceiver<Event>>,
     p: GenParams,
     mut chunk: impl FnMut(Chunk) -> Vec<Value> + Send + 'static,
 ) -> Response {
     let (tx, out) = mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
+    let mut cut = s.cut.subscribe();
     tokio::spawn(async move {
         let send = |vs: Vec<Value>| {
             vs.into_iter()
@@ -713,7 +715,21 @@ fn stream(
         for (pi, mut rx) in rxs.into_iter().enumerate() {
             let mut started = vec![false; p.n];
             let mut cached = 0;
-            while let Some(ev) = rx.recv().await {
+            loop {
+                // The shutdown deadline passed: say so, and end the stream.
+                let ev = tokio::select! {
+                    ev = rx.recv() => ev,
+                    _ = cut.wait_for(|c| *c) => {
+                        let e = ApiError::new(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "the server is shutting down and could not finish this request",
+                            None,
+                        );
+                        let _ = send(vec![e.body()]);
+                        return;
+                    }
+                };
+                let Some(ev) = ev else { break };
                 let ok = match ev {
                     Event::Text {
                         index,

@@ -118,6 +118,9 @@ enum Ready {
 
 struct AppState {
     cfg: ServeConfig,
+    /// Set when the shutdown deadline passes: open streams end with an
+    /// error event.
+    cut: tokio::sync::watch::Sender<bool>,
     ready: OnceLock<Ready>,
     load: Arc<worker::Load>,
     prometheus: PrometheusHandle,
@@ -242,6 +245,7 @@ pub async fn bind(cfg: ServeConfig) -> Result<Bound, String> {
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let state = Arc::new(AppState {
         cfg,
+        cut: tokio::sync::watch::channel(false).0,
         ready: OnceLock::new(),
         load: Arc::new(worker::Load::default()),
         prometheus,
@@ -345,21 +349,35 @@ impl Bound {
             max_connections: state.cfg.max_connections.max(1),
             write_timeout: state.cfg.write_timeout,
         };
+        let shared = state.clone();
+        let watcher = state.clone();
         let server = listen::serve(listener, router(state), limits, async move {
             shutdown_signal().await;
             tracing::info!("shutting down: no new connections; finishing in-flight requests");
             let _ = stop_tx.send(true);
         });
+        // Past the deadline, open streams get an error event (and a moment
+        // to send it) before the process stops with an error.
         let deadline = async move {
             let _ = stop_rx.wait_for(|s| *s).await;
             tokio::time::sleep(timeout).await;
+            shared.cut.send_replace(true);
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         };
-        tokio::select! {
-            () = server => {}
-            e = load_failure => return Err(e),
-            _ = deadline => tracing::warn!("in-flight requests did not finish within {timeout:?}; stopping anyway"),
+        let ended = tokio::select! {
+            () = server => Ok(()),
+            e = load_failure => Err(e),
+            () = deadline => Ok(()),
+        };
+        // The cut streams may close every connection before the deadline's
+        // grace ends: the cut itself says how the shutdown went.
+        if *watcher.cut.borrow() {
+            return Err(format!(
+                "in-flight requests did not finish within the shutdown timeout ({timeout:?}); \
+                 their streams were ended with an error"
+            ));
         }
-        Ok(())
+        ended
     }
 }
 
