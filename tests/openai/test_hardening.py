@@ -108,15 +108,21 @@ def test_idle_keep_alive_connections_are_closed(hardened_server):
 
 
 def test_connections_beyond_the_cap_wait_for_a_slot(capped_server):
-    # Two silent connections fill the cap; the third client is accepted
-    # only when the read timeout frees a slot, and is then served.
+    # Two silent connections fill the cap. A third is taken on a reserve
+    # slot: its /health is answered at once (probes see a busy server, not
+    # a dead one), its API request only when the read timeout frees a
+    # regular slot, and is then served.
     idle = [connect(capped_server) for _ in range(2)]
     time.sleep(0.3)
     start = time.time()
     status, _, _ = request(capped_server, "/health")
+    assert status == 200
+    assert time.time() - start < 1, f"/health at the cap took {time.time() - start:.1f} s"
+    start = time.time()
+    status, _, _ = request(capped_server, "/v1/models")
     waited = time.time() - start
     assert status == 200
-    assert 1.2 < waited < 5, f"the third connection waited {waited:.1f} s"
+    assert 1.2 < waited < 5, f"the third connection's request waited {waited:.1f} s"
     for s in idle:
         s.close()
 

@@ -8,7 +8,10 @@
 //! The body's own deadline is [`crate::guard::read_body`]'s, so a stalled
 //! upload is cut too. A client that stops reading is cut after the write
 //! timeout ([`StalledWrites`]): its connection slot comes back, and the
-//! dropped stream cancels its generation.
+//! dropped stream cancels its generation. At the cap, a few reserve slots
+//! take connections whose `/health` and `/metrics` are answered at once and
+//! whose other requests wait for a regular slot ([`RESERVE`]), so probes
+//! and scrapers see a busy server, not a dead one.
 
 use std::future::Future;
 use std::io;
@@ -17,13 +20,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::extract::Request;
+use axum::middleware::{self, Next};
+use axum::response::Response;
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
 
 /// How connections are bounded.
@@ -110,6 +116,32 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for StalledWrites<S> {
     }
 }
 
+/// Connections taken beyond the cap for health checks and metrics (see the
+/// module comment).
+const RESERVE: usize = 8;
+
+/// Paths a reserve connection serves at once.
+fn is_probe(path: &str) -> bool {
+    matches!(path, "/health" | "/metrics")
+}
+
+/// `app` for reserve connections: probes at once, every other request
+/// after a regular slot comes free (held until its handler answers).
+fn reserve_app(app: Router, slots: Arc<Semaphore>) -> Router {
+    app.layer(middleware::from_fn(move |req: Request, next: Next| {
+        let slots = slots.clone();
+        async move {
+            let _slot: Option<OwnedSemaphorePermit> = if is_probe(req.uri().path()) {
+                None
+            } else {
+                slots.acquire_owned().await.ok()
+            };
+            let resp: Response = next.run(req).await;
+            resp
+        }
+    }))
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves, then lets open
 /// connections finish their current request and returns when all have
 /// closed (the caller bounds that wait).
@@ -120,10 +152,18 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let reserve = Arc::new(Semaphore::new(RESERVE));
+    let at_cap = reserve_app(app.clone(), slots.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
     let accept = async {
         loop {
-            let Ok(permit) = slots.clone().acquire_owned().await else {
+            // A regular slot when one is free, else a reserve one.
+            let (permit, app) = tokio::select! {
+                biased;
+                p = slots.clone().acquire_owned() => (p, &app),
+                p = reserve.clone().acquire_owned() => (p, &at_cap),
+            };
+            let Ok(permit) = permit else {
                 return;
             };
             let stream = match listener.accept().await {
@@ -171,6 +211,7 @@ pub async fn serve(
     // Every connection holds a slot until it closes.
     let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
     let _ = slots.acquire_many(all).await;
+    let _ = reserve.acquire_many(RESERVE as u32).await;
 }
 
 fn log_conn_end(r: Result<(), hyper::Error>) {
