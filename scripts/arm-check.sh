@@ -23,17 +23,17 @@ export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
 export CXX_aarch64_unknown_linux_gnu=aarch64-linux-gnu-g++
 
-echo "== aarch64: kernel tests under qemu"
+echo "== [$((SECONDS / 60))m] aarch64: kernel tests under qemu"
 for cpu in max cortex-a76 cortex-a53; do
   echo "-- qemu -cpu $cpu"
   CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L $SYSROOT -cpu $cpu" \
     cargo test -q -p ferrum-kernels --target "$TARGET" --lib --test cpu_ops --test quant_gemm --test dequant
 done
 
-echo "== aarch64: clippy on the Arm code paths"
+echo "== [$((SECONDS / 60))m] aarch64: clippy on the Arm code paths"
 cargo clippy -q -p ferrum-kernels --target "$TARGET" --all-targets -- -D warnings
 
-echo "== aarch64: one perplexity chunk of a real model under qemu"
+echo "== [$((SECONDS / 60))m] aarch64: one perplexity chunk of a real model under qemu"
 MODELS=${FERRUM_MODELS:-$HOME/.cache/ferrum/models}
 MODEL=$MODELS/gemma-3-270m-q4_k_m.gguf
 TEXT=/usr/share/common-licenses/GPL-3
@@ -41,10 +41,15 @@ if [ ! -f "$MODEL" ] || [ ! -f "$TEXT" ]; then
   echo "skipped: $MODEL or $TEXT is missing (fetch.sh gemma3)"
   exit 0
 fi
-cargo build -q -p ferrum-cli
+# The native figure comes from $FERRUM_BIN where CI has built one already.
+NATIVE=${FERRUM_BIN:-}
+if [ -z "$NATIVE" ]; then
+  cargo build -q -p ferrum-cli
+  NATIVE=target/debug/ferrum
+fi
 cargo build -q -p ferrum-cli --target "$TARGET"
 ARGS=(perplexity --model "$MODEL" --file "$TEXT" --ctx 128 --chunks 1 --json)
-native=$(target/debug/ferrum "${ARGS[@]}" 2>/dev/null | tail -1)
+native=$("$NATIVE" "${ARGS[@]}" 2>/dev/null | tail -1)
 echo "native: $native"
 # The SMMLA + SDOT kernels (max) and the plain NEON ones (cortex-a53).
 for cpu in max cortex-a53; do
