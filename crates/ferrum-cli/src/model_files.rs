@@ -198,7 +198,7 @@ impl KvArgs {
             sequences: KvPoolConfig::default().sequences,
             block_size: self.block_size.unwrap_or(0),
             prefix_caching: !self.no_prefix_caching,
-            dtype: self.dtype.resolve(device)?,
+            dtype: Some(self.dtype.resolve(device)?),
         })
     }
 }
@@ -208,30 +208,26 @@ impl KvArgs {
 #[derive(clap::Args, Clone, Debug)]
 pub struct KvDtypeArg {
     /// What the KV cache stores: f16 (half the memory and the bytes read
-    /// per token at long context) or f32. Default: f16 on the CPU, f32 on
-    /// CUDA (whose kernels read f32 K/V only, so f16 there is an error).
+    /// per token at long context) or f32. Default: the device's (f16 on the
+    /// CPU; f32 on CUDA, whose kernels read f32 K/V only, so f16 there is
+    /// an error).
     #[arg(long, env = "FERRUM_KV_CACHE_DTYPE")]
     pub kv_cache_dtype: Option<KvDtype>,
 }
 
 impl KvDtypeArg {
-    /// The dtype for `device`: as asked where the device has kernels for
-    /// it, else its default.
+    /// The dtype for `device`: as asked where its backend reads it (an
+    /// error otherwise), else the backend's default.
     pub fn resolve(&self, device: Device) -> Result<KvDtype> {
-        match (device, self.kv_cache_dtype) {
-            (Device::Cpu, d) => Ok(d.unwrap_or(KvDtype::F16)),
-            (Device::Cuda(_), None | Some(KvDtype::F32)) => Ok(KvDtype::F32),
-            (Device::Cuda(_), Some(d)) => bail!(
-                "--kv-cache-dtype {} is not supported with --device cuda yet (its attention kernels read f32 K/V); use f32 or leave it out",
-                d.name()
-            ),
-        }
+        let caps = on_device!(device, |B| <B as ferrum_kernels::Backend>::capabilities());
+        caps.kv_dtype(self.kv_cache_dtype)
+            .map_err(|e| anyhow::anyhow!("--kv-cache-dtype: {e}"))
     }
 
     /// The default pool with this dtype on `device`.
     pub fn pool(&self, device: Device) -> Result<KvPoolConfig> {
         Ok(KvPoolConfig {
-            dtype: self.resolve(device)?,
+            dtype: Some(self.resolve(device)?),
             ..KvPoolConfig::default()
         })
     }
@@ -275,20 +271,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn kv_dtype_defaults_per_device_and_f16_on_cuda_is_refused() {
+    fn kv_dtype_defaults_to_the_devices_and_names_the_flag_when_refused() {
         let arg = |d| KvDtypeArg { kv_cache_dtype: d };
-        let cuda = Device::Cuda(0);
         assert_eq!(arg(None).resolve(Device::Cpu).ok(), Some(KvDtype::F16));
         assert_eq!(
             arg(Some(KvDtype::F32)).resolve(Device::Cpu).ok(),
             Some(KvDtype::F32)
         );
-        assert_eq!(arg(None).resolve(cuda).ok(), Some(KvDtype::F32));
-        assert_eq!(
-            arg(Some(KvDtype::F32)).resolve(cuda).ok(),
-            Some(KvDtype::F32)
-        );
-        let err = arg(Some(KvDtype::F16)).resolve(cuda).unwrap_err();
-        assert!(err.to_string().contains("--kv-cache-dtype f16"), "{err}");
+        #[cfg(feature = "cuda")]
+        {
+            let cuda = Device::Cuda(0);
+            assert_eq!(arg(None).resolve(cuda).ok(), Some(KvDtype::F32));
+            let err = arg(Some(KvDtype::F16)).resolve(cuda).unwrap_err();
+            assert!(err.to_string().contains("--kv-cache-dtype"), "{err}");
+        }
     }
 }

@@ -282,6 +282,61 @@ impl std::fmt::Display for KvDtype {
     }
 }
 
+/// What a backend can do beyond the ops every backend has
+/// ([`Backend::capabilities`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// The backend's name in messages (`--device`'s word for it).
+    pub name: &'static str,
+    /// The KV pool element types its attention reads; the first is its
+    /// default.
+    pub kv_dtypes: &'static [KvDtype],
+    /// [`Backend::gemm_quant_experts`] and [`Backend::gather_add_rows`]
+    /// run, so that a mixture-of-experts layer runs all its experts of a
+    /// step in one pass. A GPU needs that: one expert's GEMV (a few rows, a
+    /// short matrix) leaves most of it idle, and launches per expert cost
+    /// more than the work. The CPU goes without: its per-expert GEMMs
+    /// already use every core and read each expert once (running experts
+    /// side by side there measured no gain, docs/perf-log.md).
+    pub grouped_experts: bool,
+    /// Decode steps are captured and replayed (the graph hooks below run),
+    /// and [`Backend::attention`] takes a lone decoding sequence through
+    /// the row ops, so that a step's launches depend on the batch size
+    /// alone.
+    pub graphs: bool,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Self {
+            name: "this backend",
+            kv_dtypes: &[KvDtype::F32],
+            grouped_experts: false,
+            graphs: false,
+        }
+    }
+}
+
+impl Capabilities {
+    /// The KV element type to use when `asked` (None: the backend's
+    /// default), or an error naming the types this backend reads.
+    pub fn kv_dtype(&self, asked: Option<KvDtype>) -> Result<KvDtype> {
+        let Some(dtype) = asked else {
+            return Ok(self.kv_dtypes.first().copied().unwrap_or(KvDtype::F32));
+        };
+        if self.kv_dtypes.contains(&dtype) {
+            return Ok(dtype);
+        }
+        let names: Vec<&str> = self.kv_dtypes.iter().map(|d| d.name()).collect();
+        Err(FerrumError::unsupported(format!(
+            "an {dtype} KV cache is not supported on {} (its attention reads {}); \
+             choose one of those or leave the KV cache type unset",
+            self.name,
+            names.join(" or ")
+        )))
+    }
+}
+
 /// Where one sequence's K/V live in a paged pool. Pools are laid out
 /// `[blocks, kv_heads, block_size, head_dim]`, so a block of one head is a
 /// contiguous run and a whole block (every head) is one range that
@@ -389,11 +444,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
     // (`decode_rows_qkv`, `paged_attention_segments`) always read their
     // per-step values from device memory.
 
-    /// Whether the backend captures decode steps. Models then prepare a
-    /// decode batch of any size through `decode_rows_qkv` and
-    /// `paged_attention_segments`, so that a step's launches depend on the
-    /// batch size alone.
-    const GRAPHS: bool = false;
+    /// What the backend can do beyond the ops every backend has: the KV
+    /// element types its attention reads, grouped experts, captured steps.
+    /// (Not in the seed, whose models read per-op flags; asking once keeps
+    /// the choices in one place and lets a caller refuse, with a clear
+    /// error, what a device cannot do.) The default: f32 KV only, nothing
+    /// more.
+    fn capabilities() -> Capabilities {
+        Capabilities::default()
+    }
 
     /// Copies a decode step's per-sequence state (positions, lengths, block
     /// tables: the segments its attention ops will be given, with `cfg`) to
@@ -533,6 +592,27 @@ pub trait Backend: Send + Sync + Sized + 'static {
         capacity.max(1)
     }
 
+    /// One layer's attention for a whole batch: the one attention call a
+    /// model makes. Each segment's token-major Q/K/V rows (`layer.q`, from
+    /// row `s.offset / (nh · hd)`) get `layer.mode` (QK norm, RoPE at
+    /// positions `s.pos_offset..`), its new K/V go into its pages of
+    /// `layer.k_pool`/`v_pool`, and its attention output lands token-major
+    /// at `s.offset` of `out`. How is the backend's choice (a
+    /// [`crate::AttnPlan`]: per sequence, rows at once, segmented calls),
+    /// so a model never asks which kernels a backend has. (Not in the
+    /// seed, whose models called the per-step ops themselves.) The default
+    /// runs every sequence through the ops any backend has.
+    fn attention(
+        ctx: &mut Self::Context,
+        layer: crate::AttnLayer<'_, Self>,
+        segs: &[AttnSegment],
+        scratch: &mut crate::AttnScratch<Self>,
+        out: &mut Self::Buffer,
+    ) {
+        let plan = crate::AttnPlan::PER_SEQUENCE;
+        crate::batch_attention::run::<Self>(ctx, layer, segs, scratch, out, plan);
+    }
+
     /// [`Backend::flash_attention`] for one sequence whose K/V live in a
     /// paged pool (see [`PagedKv`]): `q` is `[heads, q_len, head_dim]`, keys
     /// `0..kv_len` are read through the block table, `cfg.kv_seq_stride` is
@@ -556,12 +636,6 @@ pub trait Backend: Send + Sync + Sized + 'static {
             ctx, q, k_pool, v_pool, pages, out, q_len, kv_len, pos_offset, cfg,
         );
     }
-
-    /// Whether [`Backend::paged_attention_segments`] is a kernel of its own;
-    /// models then use it for batches of several sequences. Without one,
-    /// they call `paged_attention` per sequence themselves, which saves the
-    /// default's copies.
-    const SEGMENTED_ATTENTION: bool = false;
 
     /// [`Backend::paged_attention`] for several sequences in one call, each
     /// segment's queries and output at its own offset of `q` and `out`
@@ -760,12 +834,6 @@ pub trait Backend: Send + Sync + Sized + 'static {
         );
     }
 
-    /// Whether [`Backend::decode_rows_qkv`] is a kernel of its own; models
-    /// then use it (with [`Backend::paged_attention_segments`]) for decode
-    /// batches. Without one they prepare each sequence's rows themselves,
-    /// which saves the default's copies.
-    const ROW_QKV: bool = false;
-
     /// Q, K and V of a decode batch (one new token per sequence) prepared
     /// in one call: what `qk_norm_rope` and `paged_kv_append` do per
     /// sequence. Segment `s`'s token is row `r = s.offset / (nh · hd)` of
@@ -869,12 +937,12 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// A zero-filled buffer of `len` values.
     fn alloc(len: usize) -> Self::Buffer;
 
-    /// A zero-filled paged KV pool of `len` values, stored as `dtype` where
-    /// the backend's paged kernels read that type. The default keeps f32,
-    /// which is never less precise than asked for: the CUDA kernels read
-    /// f32 pools only.
+    /// A zero-filled paged KV pool of `len` values stored as `dtype`, one
+    /// of [`Capabilities::kv_dtypes`] (callers check first:
+    /// [`Capabilities::kv_dtype`]). The default stores f32, the one type
+    /// the default capabilities name.
     fn alloc_kv(len: usize, dtype: KvDtype) -> Self::Buffer {
-        let _ = dtype;
+        debug_assert!(Self::capabilities().kv_dtypes.contains(&dtype));
         Self::alloc(len)
     }
     /// Copies the first `len` values to the host.
@@ -931,16 +999,6 @@ pub trait Backend: Send + Sync + Sized + 'static {
             "gemm_quant({kind:?}) is not implemented for this backend"
         )))
     }
-
-    /// Whether [`Backend::gemm_quant_experts`] and
-    /// [`Backend::gather_add_rows`] run, so that a mixture-of-experts layer
-    /// runs all its experts of a step in one pass. A GPU needs that: one
-    /// expert's GEMV (a few rows, a short matrix) leaves most of it idle,
-    /// and launches per expert cost more than the work. The CPU leaves it
-    /// false: its per-expert GEMMs already use every core and read each
-    /// expert once (running experts side by side there measured no gain,
-    /// docs/perf-log.md).
-    const GROUPED_EXPERTS: bool = false;
 
     /// A grouped GEMM over experts: for each group, rows
     /// `start..start + rows` of `out[·, n]` = the same rows of `a[·, k]` ·

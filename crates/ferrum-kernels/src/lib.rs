@@ -5,6 +5,7 @@
 //! into a stream of launches. [`CpuBackend`] is the default implementation.
 
 mod backend;
+mod batch_attention;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -12,9 +13,11 @@ mod paged;
 pub mod quant;
 
 pub use backend::{
-    input_order, pack_bytes, packed_bytes, AttnConfig, AttnSegment, Backend, ExpertRows,
-    GgufQuantType, KvCache, KvDtype, PagedKv, QkMode, QuantKind, QuantWeights, ReduceOp,
+    input_order, pack_bytes, packed_bytes, AttnConfig, AttnSegment, Backend, Capabilities,
+    ExpertRows, GgufQuantType, KvCache, KvDtype, PagedKv, QkMode, QuantKind, QuantWeights,
+    ReduceOp,
 };
+pub use batch_attention::{AttnLayer, AttnPlan, AttnScratch};
 pub use cpu::{CpuBackend, CpuBuffer, CpuDtype, CpuGptqWeight};
 #[cfg(feature = "cuda")]
 pub use cuda::CudaBackend;

@@ -1211,7 +1211,19 @@ fn check_documented_defaults<Bk: Backend>() {
     );
     let mla = Bk::mla_attention(&mut ctx, &a, &a, &a, &mut out, 1, 1, 1, 0, &cfg, 4, 4);
     assert!(mla.unwrap_err().is_unsupported());
-    assert!(!Bk::GRAPHS);
+    // The CPU reads both KV types (f16 by default) and captures nothing;
+    // a type a backend does not read is refused by name.
+    let caps = Bk::capabilities();
+    assert!(!caps.graphs && !caps.grouped_experts);
+    assert_eq!(caps.kv_dtype(None).ok(), Some(KvDtype::F16));
+    assert_eq!(caps.kv_dtype(Some(KvDtype::F32)).ok(), Some(KvDtype::F32));
+    let f32_only = ferrum_kernels::Capabilities::default();
+    assert_eq!(f32_only.kv_dtype(None).ok(), Some(KvDtype::F32));
+    let err = f32_only.kv_dtype(Some(KvDtype::F16)).unwrap_err();
+    assert!(
+        err.is_unsupported() && err.to_string().contains("f16 KV cache"),
+        "{err}"
+    );
     assert!(Bk::begin_graph_capture(&mut ctx, 1)
         .unwrap_err()
         .is_unsupported());

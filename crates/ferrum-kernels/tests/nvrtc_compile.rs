@@ -2,6 +2,22 @@
 //! NVRTC needs no GPU: compile kernels.cu exactly as device.rs does.
 /// For Ampere (sm_80, sm_86), Ada (sm_89) and Hopper (sm_90): the PTX a
 /// driver of each would load. Two at a time, each ~10 s on one core.
+/// CUDA reads f32 K/V only: an f16 cache is refused at load, by name, not
+/// stored as f32 behind the user's back. (Needs no GPU.)
+#[test]
+fn cuda_refuses_kv_types_it_cannot_read() {
+    use ferrum_kernels::{Backend, CudaBackend, KvDtype};
+    let caps = CudaBackend::capabilities();
+    assert!(caps.graphs && caps.grouped_experts);
+    assert_eq!(caps.kv_dtype(None).ok(), Some(KvDtype::F32));
+    let err = caps.kv_dtype(Some(KvDtype::F16)).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("f16 KV cache is not supported on CUDA"),
+        "{err}"
+    );
+}
+
 #[test]
 fn kernels_compile_with_nvrtc() {
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {

@@ -61,9 +61,11 @@ pub struct KvPoolConfig {
     pub block_size: usize,
     /// Keep and share full blocks of earlier prompts.
     pub prefix_caching: bool,
-    /// What the pool stores (see [`KvDtype`]); backends whose kernels read
-    /// f32 only keep f32.
-    pub dtype: KvDtype,
+    /// What the pool stores (see [`KvDtype`]); `None`: the backend's
+    /// default. A type the backend's attention does not read is an error
+    /// at load ([`ferrum_kernels::Capabilities::kv_dtype`]), never f32 in
+    /// its place.
+    pub dtype: Option<KvDtype>,
 }
 
 impl Default for KvPoolConfig {
@@ -73,7 +75,7 @@ impl Default for KvPoolConfig {
             sequences: 4,
             block_size: 0,
             prefix_caching: true,
-            dtype: KvDtype::default(),
+            dtype: None,
         }
     }
 }

@@ -105,7 +105,7 @@ fn gpu_models_match_cpu_and_transformers() {
             .collect();
         // The CPU with an f32 KV cache, as CUDA keeps.
         let f32_kv = KvPoolConfig {
-            dtype: KvDtype::F32,
+            dtype: Some(KvDtype::F32),
             ..KvPoolConfig::default()
         };
         let mut cpu =
@@ -179,7 +179,7 @@ fn gpu_runs_quantized_checkpoints_as_their_dequantized_weights() {
         return;
     };
     let f32_kv = KvPoolConfig {
-        dtype: KvDtype::F32,
+        dtype: Some(KvDtype::F32),
         ..KvPoolConfig::default()
     };
     let mut dirs: Vec<PathBuf> = entries.map(|e| e.unwrap().path()).collect();

@@ -149,7 +149,7 @@ fn check_conversion(name: &str, same_model: bool, llama_cpp_tol: Option<f32>) {
         return;
     }
     let pool = KvPoolConfig {
-        dtype: KvDtype::F32,
+        dtype: Some(KvDtype::F32),
         ..KvPoolConfig::default()
     };
     let transformers = json(&hf.join("reference.json"));

@@ -122,7 +122,7 @@ fn check_top5(name: &str, what: &str, logits: &[f32], top: &Value, tol: f32) {
 
 fn load(dir: &Path, dtype: KvDtype) -> KvManaged<LlamaModel<CpuBackend>> {
     let pool = KvPoolConfig {
-        dtype,
+        dtype: Some(dtype),
         ..KvPoolConfig::default()
     };
     KvManaged::new(LlamaModel::<CpuBackend>::from_hf_dir_with(dir, &pool).unwrap())

@@ -70,7 +70,7 @@ fn reference_ids(dir: &Path) -> Vec<u32> {
 
 fn load(dir: &Path) -> KvManaged<LlamaModel<CpuBackend>> {
     let pool = KvPoolConfig {
-        dtype: KvDtype::F32,
+        dtype: Some(KvDtype::F32),
         ..KvPoolConfig::default()
     };
     KvManaged::new(LlamaModel::<CpuBackend>::from_hf_dir_with(dir, &pool).unwrap())

@@ -54,9 +54,10 @@ use simd::Elem;
 
 pub use gptq::CpuGptqWeight;
 
+use crate::batch_attention::{self, AttnLayer, AttnPlan, AttnScratch};
 use crate::{
-    packed_bytes, AttnConfig, AttnSegment, Backend, GgufQuantType, KvDtype, PagedKv, QkMode,
-    QuantKind, QuantWeights,
+    packed_bytes, AttnConfig, AttnSegment, Backend, Capabilities, GgufQuantType, KvDtype, PagedKv,
+    QkMode, QuantKind, QuantWeights,
 };
 
 /// Element-wise work below this many values stays on the calling thread:
@@ -455,7 +456,26 @@ impl Backend for CpuBackend {
         Self::paged_attention_segments(ctx, q, k_pool, v_pool, &[seg], out, cfg);
     }
 
-    const SEGMENTED_ATTENTION: bool = true;
+    /// Decode batches of several sequences as rows, 16 sequences a call
+    /// (every (sequence, KV head) task of a chunk in one parallel step);
+    /// other batches of several sequences rotate per sequence and attend in
+    /// segmented calls of 16. A lone sequence attends on its own, in place.
+    fn attention(
+        ctx: &mut (),
+        layer: AttnLayer<'_, Self>,
+        segs: &[AttnSegment],
+        scratch: &mut AttnScratch<Self>,
+        out: &mut CpuBuffer,
+    ) {
+        let plan = AttnPlan {
+            decode_rows: true,
+            rows_alone: false,
+            rows_chunk: 16,
+            segmented: true,
+            seg_chunk: 16,
+        };
+        batch_attention::run::<Self>(ctx, layer, segs, scratch, out, plan);
+    }
 
     fn paged_attention_segments(
         _ctx: &mut Self::Context,
@@ -504,8 +524,6 @@ impl Backend for CpuBackend {
             _ => panic!("paged_kv_append: K and V pools of different dtypes"),
         }
     }
-
-    const ROW_QKV: bool = true;
 
     fn decode_rows_qkv(
         _ctx: &mut Self::Context,
@@ -713,6 +731,17 @@ impl Backend for CpuBackend {
 
     fn alloc(len: usize) -> Self::Buffer {
         CpuBuffer::from_vec(vec![0.0; len])
+    }
+
+    /// f16 and f32 KV (f16 the default: half the bytes a long context's
+    /// decode reads); experts one at a time; no captured steps.
+    fn capabilities() -> Capabilities {
+        Capabilities {
+            name: "the CPU",
+            kv_dtypes: &[KvDtype::F16, KvDtype::F32],
+            grouped_experts: false,
+            graphs: false,
+        }
     }
 
     /// f16 pools hold two values per word; the paged kernels widen rows as

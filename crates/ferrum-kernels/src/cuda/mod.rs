@@ -20,9 +20,10 @@ use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use ferrum_types::{FerrumError, Result};
 
 use crate::backend::{
-    AttnConfig, AttnSegment, Backend, ExpertRows, GgufQuantType, PagedKv, QkMode, QuantKind,
-    QuantWeights,
+    AttnConfig, AttnSegment, Backend, Capabilities, ExpertRows, GgufQuantType, KvDtype, PagedKv,
+    QkMode, QuantKind, QuantWeights,
 };
+use crate::batch_attention::{self, AttnLayer, AttnPlan, AttnScratch};
 
 /// `Backend` on an NVIDIA GPU.
 pub struct CudaBackend;
@@ -223,7 +224,16 @@ impl Backend for CudaBackend {
         }
     }
 
-    const GRAPHS: bool = true;
+    /// f32 KV only (the attention kernels read f32 K/V), grouped experts
+    /// and captured decode steps.
+    fn capabilities() -> Capabilities {
+        Capabilities {
+            name: "CUDA",
+            kv_dtypes: &[KvDtype::F32],
+            grouped_experts: true,
+            graphs: true,
+        }
+    }
 
     fn set_decode_state(ctx: &mut CudaContext, segs: &[AttnSegment], cfg: &AttnConfig) {
         attention::prepare_step(ctx, segs, cfg);
@@ -399,7 +409,27 @@ impl Backend for CudaBackend {
         attention::attend(ctx, q, k_pool, v_pool, &[seg], out, cfg);
     }
 
-    const SEGMENTED_ATTENTION: bool = true;
+    /// Decode batches as rows, a lone sequence included (captured steps
+    /// read positions and tables from device memory), up to
+    /// 64 sequences a call (as many as the models capture in one step, so
+    /// a captured layer is two launches); other batches rotate per
+    /// sequence and attend in segmented calls of 16.
+    fn attention(
+        ctx: &mut CudaContext,
+        layer: AttnLayer<'_, Self>,
+        segs: &[AttnSegment],
+        scratch: &mut AttnScratch<Self>,
+        out: &mut Self::Buffer,
+    ) {
+        let plan = AttnPlan {
+            decode_rows: true,
+            rows_alone: true,
+            rows_chunk: 64,
+            segmented: true,
+            seg_chunk: 16,
+        };
+        batch_attention::run::<Self>(ctx, layer, segs, scratch, out, plan);
+    }
 
     fn paged_attention_segments(
         ctx: &mut CudaContext,
@@ -438,8 +468,6 @@ impl Backend for CudaBackend {
             hd,
         );
     }
-
-    const ROW_QKV: bool = true;
 
     fn decode_rows_qkv(
         ctx: &mut CudaContext,
@@ -817,8 +845,6 @@ impl Backend for CudaBackend {
         );
         gemm::gemm_blocks(ctx, *quant_type, w, &*buf, out, m, n, k)
     }
-
-    const GROUPED_EXPERTS: bool = true;
 
     /// Experts with few rows share one launch of the q8_1 GEMV; see
     /// `gemm::gemm_experts`.

@@ -30,16 +30,17 @@ impl<B: Backend> KvStore<B> {
         cfg: &KvPoolConfig,
         tokens: usize,
         capacity: usize,
-    ) -> Self {
+    ) -> Result<Self> {
+        let dtype = B::capabilities().kv_dtype(cfg.dtype)?;
         let bs = match cfg.block_size {
             0 => B::kv_block_size(capacity),
             b => b,
         };
         let blocks = tokens.div_ceil(bs).max(1);
         let len = blocks * nkv * bs * hd;
-        Self {
-            k: (0..layers).map(|_| B::alloc_kv(len, cfg.dtype)).collect(),
-            v: (0..layers).map(|_| B::alloc_kv(len, cfg.dtype)).collect(),
+        Ok(Self {
+            k: (0..layers).map(|_| B::alloc_kv(len, dtype)).collect(),
+            v: (0..layers).map(|_| B::alloc_kv(len, dtype)).collect(),
             pool: KvPool {
                 blocks,
                 block_size: bs,
@@ -47,8 +48,8 @@ impl<B: Backend> KvStore<B> {
             },
             nkv,
             hd,
-            dtype: cfg.dtype,
-        }
+            dtype,
+        })
     }
 
     pub fn pages<'a>(&self, table: &'a [u32]) -> PagedKv<'a> {

@@ -20,7 +20,7 @@ use std::path::Path;
 use ferrum_formats::gguf::GgufFile;
 use ferrum_formats::hf_config::HfConfig;
 use ferrum_formats::safetensors::SafeTensors;
-use ferrum_kernels::{AttnConfig, AttnSegment, Backend, QkMode};
+use ferrum_kernels::{AttnConfig, AttnLayer, AttnScratch, AttnSegment, Backend, QkMode};
 use ferrum_kv::BlockCopy;
 use ferrum_types::{FerrumError, Result, TensorRef};
 
@@ -41,28 +41,37 @@ use crate::paged::{check_tokens, BatchItem, KvPool, PagedLlm};
 /// 32K-token cache per sequence up front.
 pub const DEFAULT_KV_CAPACITY: usize = 4096;
 
-/// Sequences per [`Backend::paged_attention_segments`] call (the CPU's).
-const ATTN_CHUNK: usize = 16;
-
-/// The same for backends that capture decode steps ([`Backend::GRAPHS`]):
-/// a captured step's segments are one set for every layer, so batches of up
-/// to this many sequences are captured.
+/// The most sequences a captured decode step holds (see
+/// [`Capabilities::graphs`](ferrum_kernels::Capabilities)): larger decode batches run eagerly.
 const GRAPH_CHUNK: usize = 64;
 
-/// Sequences per segments call on backend `B`.
-fn attn_chunk<B: Backend>() -> usize {
-    if B::GRAPHS {
-        GRAPH_CHUNK
-    } else {
-        ATTN_CHUNK
-    }
+/// An empty vector on `v`'s allocation, for segments that borrow other
+/// block tables. A batch's segments borrow its items, which live for one
+/// forward pass, while the allocation is kept for the next, so that a step
+/// allocates nothing (`tests/decode_allocations.rs`): collecting a vector's
+/// iterator into a vector of an element of the same size and alignment
+/// reuses its buffer. (The vector is empty: the conversion never runs.)
+fn recycle<'b>(mut v: Vec<AttnSegment<'_>>) -> Vec<AttnSegment<'b>> {
+    v.clear();
+    v.into_iter()
+        .map(|s| AttnSegment {
+            pages: ferrum_kernels::PagedKv {
+                block_table: &[],
+                block_size: s.pages.block_size,
+            },
+            offset: s.offset,
+            q_len: s.q_len,
+            kv_len: s.kv_len,
+            pos_offset: s.pos_offset,
+        })
+        .collect()
 }
 
 /// Tells each model its own graph keys apart from other models' (a draft
 /// model shares the device with its target).
 static NEXT_GRAPH_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
-/// A model's captured decode steps (see [`Backend::GRAPHS`]).
+/// A model's captured decode steps (see [`Capabilities::graphs`](ferrum_kernels::Capabilities)).
 struct Graphs {
     /// This model's part of every graph key.
     id: u64,
@@ -76,25 +85,12 @@ struct Graphs {
     off: bool,
 }
 
-/// A placeholder for the unused places of a chunk of segments.
-const NO_SEGMENT: AttnSegment<'static> = AttnSegment {
-    pages: ferrum_kernels::PagedKv {
-        block_table: &[],
-        block_size: 1,
-    },
-    offset: 0,
-    q_len: 0,
-    kv_len: 0,
-    pos_offset: 0,
-};
-
 /// Reusable activation buffers, grown to the largest batch seen, so that a
 /// step allocates nothing once they have grown.
 struct Scratch<B: Backend> {
     /// Bumped whenever a buffer is replaced (captured steps hold addresses).
     generation: u64,
     rows: usize,
-    seg_rows: usize,
     /// Rows the logits buffers hold.
     head_rows: usize,
     x: B::Buffer,
@@ -107,18 +103,11 @@ struct Scratch<B: Backend> {
     o: B::Buffer,
     gate_up: B::Buffer,
     act: B::Buffer,
-    seg_q: B::Buffer,
-    seg_k: B::Buffer,
-    seg_v: B::Buffer,
-    seg_qh: B::Buffer,
-    seg_kh: B::Buffer,
-    seg_vh: B::Buffer,
-    seg_attn: B::Buffer,
-    seg_tok: B::Buffer,
-    /// Every segment's head-major queries and attention output, back to
-    /// back, for backends with [`Backend::SEGMENTED_ATTENTION`].
-    heads_q: B::Buffer,
-    heads_out: B::Buffer,
+    /// What the backend's attention strategy works in.
+    attn_work: AttnScratch<B>,
+    /// The batch's attention segments; kept for its allocation only (see
+    /// [`recycle`]).
+    segs: Vec<AttnSegment<'static>>,
     /// The batch's token ids, looked-up embedding rows on the host, and the
     /// rows whose logits are wanted.
     ids: Vec<u32>,
@@ -135,7 +124,6 @@ impl<B: Backend> Scratch<B> {
         Self {
             generation: 0,
             rows: 0,
-            seg_rows: 0,
             head_rows: 0,
             x: e(),
             xn: e(),
@@ -147,16 +135,8 @@ impl<B: Backend> Scratch<B> {
             o: e(),
             gate_up: e(),
             act: e(),
-            seg_q: e(),
-            seg_k: e(),
-            seg_v: e(),
-            seg_qh: e(),
-            seg_kh: e(),
-            seg_vh: e(),
-            seg_attn: e(),
-            seg_tok: e(),
-            heads_q: e(),
-            heads_out: e(),
+            attn_work: AttnScratch::default(),
+            segs: Vec::new(),
             ids: Vec::new(),
             host: Vec::new(),
             picks: Vec::new(),
@@ -183,23 +163,10 @@ impl<B: Backend> Scratch<B> {
             self.o = B::alloc(rows * h);
             self.gate_up = B::alloc(rows * 2 * im);
             self.act = B::alloc(rows * im);
-            if B::SEGMENTED_ATTENTION {
-                self.heads_q = B::alloc(rows * qd);
-                self.heads_out = B::alloc(rows * qd);
-            }
             self.rows = rows;
             self.generation += 1;
         }
-        if seg_rows > self.seg_rows {
-            self.seg_q = B::alloc(seg_rows * qd);
-            self.seg_k = B::alloc(seg_rows * kvd);
-            self.seg_v = B::alloc(seg_rows * kvd);
-            self.seg_qh = B::alloc(seg_rows * qd);
-            self.seg_kh = B::alloc(seg_rows * kvd);
-            self.seg_vh = B::alloc(seg_rows * kvd);
-            self.seg_attn = B::alloc(seg_rows * qd);
-            self.seg_tok = B::alloc(seg_rows * qd);
-            self.seg_rows = seg_rows;
+        if self.attn_work.ensure(rows, seg_rows, qd, kvd) {
             self.generation += 1;
         }
     }
@@ -257,7 +224,7 @@ impl<B: Backend> LlamaModel<B> {
         if let Err(e) = g.release_resident_pages() {
             tracing::debug!("could not release the file's pages after loading: {e}");
         }
-        Ok(Self::new(cfg, w, pool))
+        Self::new(cfg, w, pool)
     }
 
     /// Loads a Hugging Face folder (`config.json` + safetensors) with the
@@ -303,7 +270,7 @@ impl<B: Backend> LlamaModel<B> {
                 ),
             ));
         }
-        Ok(Self::new(cfg, w, pool))
+        Self::new(cfg, w, pool)
     }
 
     /// A model of `cfg`'s shapes with random weights in `ty` blocks (see
@@ -318,12 +285,12 @@ impl<B: Backend> LlamaModel<B> {
         pool: &KvPoolConfig,
     ) -> Result<Self> {
         let w = Weights::random(&cfg, ty, act_order, seed)?;
-        Ok(Self::new(cfg, w, pool))
+        Self::new(cfg, w, pool)
     }
 
     /// A pool smaller than one sequence's capacity lowers that capacity to
     /// the pool size.
-    fn new(cfg: LlamaConfig, mut w: Weights<B>, pool: &KvPoolConfig) -> Self {
+    fn new(cfg: LlamaConfig, mut w: Weights<B>, pool: &KvPoolConfig) -> Result<Self> {
         w.set_int8_inputs(true);
         let default_capacity = kv_capacity_from_env(cfg.max_seq_len, DEFAULT_KV_CAPACITY);
         let tokens = pool.resolve_tokens(default_capacity);
@@ -335,7 +302,7 @@ impl<B: Backend> LlamaModel<B> {
             pool,
             tokens,
             kv_capacity,
-        );
+        )?;
         let (cos, sin) = cfg
             .rope
             .partial_tables(kv_capacity, cfg.head_dim, cfg.rotary_dims);
@@ -358,7 +325,7 @@ impl<B: Backend> LlamaModel<B> {
             vocab_size: cfg.vocab,
             max_seq_len: cfg.max_seq_len,
         };
-        Self {
+        Ok(Self {
             cfg,
             rt,
             w,
@@ -378,7 +345,7 @@ impl<B: Backend> LlamaModel<B> {
                 warm: Vec::new(),
                 off: false,
             },
-        }
+        })
     }
 
     /// Whether the layers' projections take 8-bit inputs (lone outliers
@@ -406,9 +373,29 @@ impl<B: Backend> LlamaModel<B> {
             .lookup(ctx, &s.ids, &mut s.x, self.cfg.hidden, &mut s.host)
     }
 
+    /// The batch's attention segments, each item's queries at its rows'
+    /// offset, on the kept allocation (see [`recycle`]).
+    fn segments<'a>(&mut self, items: &'a [BatchItem]) -> Vec<AttnSegment<'a>> {
+        let qd = self.cfg.heads * self.cfg.head_dim;
+        let mut segs = recycle(std::mem::take(&mut self.scratch.segs));
+        let mut r0 = 0;
+        for it in items {
+            let n = it.tokens.len();
+            segs.push(AttnSegment {
+                pages: self.kv.pages(it.block_table),
+                offset: r0 * qd,
+                q_len: n,
+                kv_len: it.pos + n,
+                pos_offset: it.pos,
+            });
+            r0 += n;
+        }
+        segs
+    }
+
     /// Every layer over the embedded batch, leaving the final-normed
     /// hidden states in `scratch.xn`.
-    fn layers(&mut self, ctx: &mut B::Context, segs: &[BatchItem], rows: usize) -> Result<()> {
+    fn layers(&mut self, ctx: &mut B::Context, segs: &[AttnSegment], rows: usize) -> Result<()> {
         let (h, eps) = (self.cfg.hidden, self.cfg.rms_eps);
         let s = &mut self.scratch;
         B::rms_norm(
@@ -428,14 +415,14 @@ impl<B: Backend> LlamaModel<B> {
     }
 
     /// Whether an all-decode batch runs as a captured step (see
-    /// [`Backend::GRAPHS`]): one token and its logits per sequence, one
-    /// chunk of segments, and no layer that routes on the host (mixtures)
-    /// or runs latent attention.
-    fn graph_step_fits(&self, segs: &[BatchItem]) -> bool {
-        B::GRAPHS
+    /// [`Capabilities::graphs`](ferrum_kernels::Capabilities)): one token and its logits per sequence, at most
+    /// [`GRAPH_CHUNK`] sequences, and no layer that routes on the host
+    /// (mixtures) or runs latent attention.
+    fn graph_step_fits(&self, items: &[BatchItem]) -> bool {
+        B::capabilities().graphs
             && !self.graphs.off
-            && segs.len() <= GRAPH_CHUNK
-            && segs
+            && items.len() <= GRAPH_CHUNK
+            && items
                 .iter()
                 .all(|s| s.tokens.len() == 1 && s.logits.rows(1) == 1)
             && self
@@ -451,8 +438,13 @@ impl<B: Backend> LlamaModel<B> {
     /// second time it comes (the first grows every buffer to it); where
     /// capture is off or fails, the same ops run eagerly, with the same
     /// results.
-    fn decode_step(&mut self, segs: &[BatchItem], logits: &mut Vec<f32>) -> Result<()> {
-        let rows = segs.len();
+    fn decode_step(
+        &mut self,
+        items: &[BatchItem],
+        segs: &[AttnSegment],
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        let rows = items.len();
         self.scratch.ensure_head(&self.cfg, rows);
         let ctx = &mut B::new_context();
         if self.scratch.generation != self.graphs.generation {
@@ -460,18 +452,7 @@ impl<B: Backend> LlamaModel<B> {
             self.graphs.warm.clear();
             self.graphs.generation = self.scratch.generation;
         }
-        self.embed(ctx, segs)?;
-        let qd = self.cfg.heads * self.cfg.head_dim;
-        let mut chunk = [NO_SEGMENT; GRAPH_CHUNK];
-        for (i, (seg, at)) in segs.iter().zip(&mut chunk).enumerate() {
-            *at = AttnSegment {
-                pages: self.kv.pages(seg.block_table),
-                offset: i * qd,
-                q_len: 1,
-                kv_len: seg.pos + 1,
-                pos_offset: seg.pos,
-            };
-        }
+        self.embed(ctx, items)?;
         // The attention ops' shapes (a layer's window or soft-cap changes
         // nothing the backend prepares).
         let attn = AttnConfig {
@@ -481,14 +462,14 @@ impl<B: Backend> LlamaModel<B> {
             causal: true,
             ..AttnConfig::default()
         };
-        B::set_decode_state(ctx, &chunk[..rows], &attn);
+        B::set_decode_state(ctx, segs, &attn);
         let key = self.graphs.id << 8 | rows as u64;
         let mut done = B::replay_graph(ctx, key)?;
         if !done && !self.graphs.off && self.graphs.warm.contains(&rows) {
             if B::begin_graph_capture(ctx, key).is_ok() {
                 let ran = self
                     .layers(ctx, segs, rows)
-                    .and_then(|()| self.head(ctx, segs));
+                    .and_then(|()| self.head(ctx, items));
                 let ended = B::end_graph_capture(ctx);
                 if let Err(e) = ran.and(ended) {
                     tracing::warn!("decode steps run without graphs: capture failed ({e})");
@@ -504,7 +485,7 @@ impl<B: Backend> LlamaModel<B> {
         }
         if !done {
             self.layers(ctx, segs, rows)?;
-            self.head(ctx, segs)?;
+            self.head(ctx, items)?;
             if !self.graphs.warm.contains(&rows) {
                 self.graphs.warm.push(rows);
             }
@@ -515,15 +496,38 @@ impl<B: Backend> LlamaModel<B> {
         Ok(())
     }
 
-    /// Layer `l`'s attention block on the normed stream `scratch.xn`: QKV
-    /// projection; per item, QK norm and RoPE, K/V written into its blocks
-    /// and attention over them; output projection and the residual into
-    /// `scratch.x`, leaving the pre-MLP norm of it in `scratch.xn`.
+    /// A forward pass op by op: embeddings, layers, the wanted rows' logits.
+    fn eager_step(
+        &mut self,
+        items: &[BatchItem],
+        segs: &[AttnSegment],
+        rows: usize,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        let ctx = &mut B::new_context();
+        self.embed(ctx, items)?;
+        self.layers(ctx, segs, rows)?;
+        let picked = self.head(ctx, items)?;
+        B::sync(ctx);
+        B::take_error(ctx)?;
+        if picked == 0 {
+            logits.clear();
+            return Ok(());
+        }
+        self.read_logits(picked, logits);
+        Ok(())
+    }
+
+    /// Layer `l`'s attention block on the normed stream `scratch.xn`: the
+    /// QKV projection, then one backend call for the whole batch (QK norm
+    /// and RoPE, K/V into each item's blocks, attention over them: how is
+    /// the backend's choice), then the output projection and the residual
+    /// into `scratch.x`, leaving the pre-MLP norm of it in `scratch.xn`.
     fn attention(
         &mut self,
         ctx: &mut B::Context,
         l: usize,
-        segs: &[BatchItem],
+        segs: &[AttnSegment],
         rows: usize,
     ) -> Result<()> {
         if self.w.layers[l].mla.is_some() {
@@ -532,27 +536,18 @@ impl<B: Backend> LlamaModel<B> {
         let c = &self.cfg;
         let (h, hd, nh, nkv) = (c.hidden, c.head_dim, c.heads, c.kv_heads);
         let (qd, kvd) = (nh * hd, nkv * hd);
-        let eps = c.rms_eps;
         let (s, kv, lw) = (&mut self.scratch, &mut self.kv, &self.w.layers[l]);
         let Some(qkv_w) = &lw.qkv else {
             return Err(FerrumError::invalid("a layer without Q/K/V weights"));
         };
-        let (cos_g, sin_g, local_rope, empty) =
-            (&self.cos, &self.sin, &self.local_rope, &self.empty);
-        let mode = if c.qk_norm {
-            QkMode::NormRope
-        } else {
-            QkMode::Rope
-        };
-        // Attention.
         let qkv = [&mut s.q, &mut s.k, &mut s.v];
         qkv_w.forward(ctx, &s.xn, &mut s.qkv, qkv, rows, qd, kvd, h)?;
         let sliding = c.sliding[l];
-        let (cos, sin) = match (&local_rope, sliding) {
+        let (cos, sin) = match (&self.local_rope, sliding) {
             (Some((lc, ls)), true) => (lc, ls),
-            _ => (cos_g, sin_g),
+            _ => (&self.cos, &self.sin),
         };
-        let attn_cfg = AttnConfig {
+        let cfg = AttnConfig {
             num_heads: nh,
             num_kv_heads: nkv,
             head_dim: hd,
@@ -562,180 +557,25 @@ impl<B: Backend> LlamaModel<B> {
             sliding_window: if sliding { c.sliding_window } else { 0 },
             softcap: c.attn_softcap.unwrap_or(0.0),
         };
-        let qn = lw.q_norm.as_ref().unwrap_or(empty);
-        let kn = lw.k_norm.as_ref().unwrap_or(empty);
-        // A decode batch (one token per sequence) in two calls per chunk of
-        // `attn_chunk` sequences where the backend has kernels for them: one
-        // token's head-major rows are its token-major row, so nothing is
-        // copied in or out.
-        // Backends that capture steps take this path for one sequence too:
-        // its ops read positions and tables from device memory.
-        let decode_rows = B::ROW_QKV && B::SEGMENTED_ATTENTION && (segs.len() > 1 || B::GRAPHS);
-        if decode_rows && segs.iter().all(|s| s.tokens.len() == 1) {
-            let per = attn_chunk::<B>();
-            for (c, part) in segs.chunks(per).enumerate() {
-                let mut chunk = [NO_SEGMENT; GRAPH_CHUNK];
-                for (i, (seg, at)) in part.iter().zip(&mut chunk).enumerate() {
-                    *at = AttnSegment {
-                        pages: kv.pages(seg.block_table),
-                        offset: (c * per + i) * qd,
-                        q_len: 1,
-                        kv_len: seg.pos + 1,
-                        pos_offset: seg.pos,
-                    };
-                }
-                let chunk = &chunk[..part.len()];
-                let (kp, vp) = (&mut kv.k[l], &mut kv.v[l]);
-                let (qkv, norms) = ([&s.q, &s.k, &s.v], [qn, kn]);
-                B::decode_rows_qkv(
-                    ctx,
-                    qkv,
-                    norms,
-                    cos,
-                    sin,
-                    &mut s.heads_q,
-                    kp,
-                    vp,
-                    chunk,
-                    &attn_cfg,
-                    eps,
-                    mode,
-                );
-                let (kp, vp) = (&kv.k[l], &kv.v[l]);
-                B::paged_attention_segments(ctx, &s.heads_q, kp, vp, chunk, &mut s.attn, &attn_cfg);
-            }
-            return self.attention_out(ctx, l, rows, qd);
-        }
-        // Several sequences' attention goes to the backend in one call
-        // where it has a kernel for that (chunks of ATTN_CHUNK on the
-        // stack: no allocation).
-        let batched = B::SEGMENTED_ATTENTION && segs.len() > 1;
-        let mut chunk = [NO_SEGMENT; ATTN_CHUNK];
-        let mut filled = 0;
-        let mut r0 = 0;
-        for (i, seg) in segs.iter().enumerate() {
-            let n = seg.tokens.len();
-            let p = seg.pos;
-            let pages = kv.pages(seg.block_table);
-            let (kp, vp) = (&mut kv.k[l], &mut kv.v[l]);
-            // A lone segment is the whole batch: its rows are read and
-            // written in place rather than copied out and back.
-            let direct = segs.len() == 1;
-            if !direct {
-                B::copy_slice(ctx, &s.q, r0 * qd, &mut s.seg_q, 0, n * qd);
-                B::copy_slice(ctx, &s.k, r0 * kvd, &mut s.seg_k, 0, n * kvd);
-                B::copy_slice(ctx, &s.v, r0 * kvd, &mut s.seg_v, 0, n * kvd);
-            }
-            let (q_in, k_in, v_in) = if direct {
-                (&s.q, &s.k, &s.v)
+        let layer = AttnLayer {
+            q: &s.q,
+            k: &s.k,
+            v: &s.v,
+            q_norm: lw.q_norm.as_ref().unwrap_or(&self.empty),
+            k_norm: lw.k_norm.as_ref().unwrap_or(&self.empty),
+            cos,
+            sin,
+            eps: c.rms_eps,
+            mode: if c.qk_norm {
+                QkMode::NormRope
             } else {
-                (&s.seg_q, &s.seg_k, &s.seg_v)
-            };
-            B::qk_norm_rope(
-                ctx,
-                q_in,
-                qn,
-                cos,
-                sin,
-                &mut s.seg_qh,
-                n,
-                nh,
-                hd,
-                p,
-                eps,
-                mode,
-            );
-            B::qk_norm_rope(
-                ctx,
-                k_in,
-                kn,
-                cos,
-                sin,
-                &mut s.seg_kh,
-                n,
-                nkv,
-                hd,
-                p,
-                eps,
-                mode,
-            );
-            B::qk_norm_rope(
-                ctx,
-                v_in,
-                empty,
-                cos,
-                sin,
-                &mut s.seg_vh,
-                n,
-                nkv,
-                hd,
-                p,
-                eps,
-                QkMode::Transpose,
-            );
-            B::paged_kv_append(ctx, kp, vp, &pages, p, &s.seg_kh, &s.seg_vh, n, nkv, hd);
-            if batched {
-                B::copy_slice(ctx, &s.seg_qh, 0, &mut s.heads_q, r0 * qd, n * qd);
-                chunk[filled] = AttnSegment {
-                    pages,
-                    offset: r0 * qd,
-                    q_len: n,
-                    kv_len: p + n,
-                    pos_offset: p,
-                };
-                filled += 1;
-                if filled == ATTN_CHUNK || i + 1 == segs.len() {
-                    let (kp, vp) = (&kv.k[l], &kv.v[l]);
-                    B::paged_attention_segments(
-                        ctx,
-                        &s.heads_q,
-                        kp,
-                        vp,
-                        &chunk[..filled],
-                        &mut s.heads_out,
-                        &attn_cfg,
-                    );
-                    filled = 0;
-                }
-                r0 += n;
-                continue;
-            }
-            B::paged_attention(
-                ctx,
-                &s.seg_qh,
-                kp,
-                vp,
-                &pages,
-                &mut s.seg_attn,
-                n,
-                p + n,
-                p,
-                &attn_cfg,
-            );
-            if direct {
-                B::transpose_head_to_token(ctx, &s.seg_attn, &mut s.attn, n, nh, hd);
-            } else {
-                B::transpose_head_to_token(ctx, &s.seg_attn, &mut s.seg_tok, n, nh, hd);
-                B::copy_slice(ctx, &s.seg_tok, 0, &mut s.attn, r0 * qd, n * qd);
-            }
-            r0 += n;
-        }
-        if batched {
-            // Head-major back to token-major rows; one query's heads
-            // already are its row.
-            let mut r0 = 0;
-            for seg in segs {
-                let n = seg.tokens.len();
-                if n == 1 {
-                    B::copy_slice(ctx, &s.heads_out, r0 * qd, &mut s.attn, r0 * qd, qd);
-                } else {
-                    B::copy_slice(ctx, &s.heads_out, r0 * qd, &mut s.seg_attn, 0, n * qd);
-                    B::transpose_head_to_token(ctx, &s.seg_attn, &mut s.seg_tok, n, nh, hd);
-                    B::copy_slice(ctx, &s.seg_tok, 0, &mut s.attn, r0 * qd, n * qd);
-                }
-                r0 += n;
-            }
-        }
+                QkMode::Rope
+            },
+            cfg: &cfg,
+            k_pool: &mut kv.k[l],
+            v_pool: &mut kv.v[l],
+        };
+        B::attention(ctx, layer, segs, &mut s.attn_work, &mut s.attn);
         self.attention_out(ctx, l, rows, qd)
     }
 
@@ -745,7 +585,7 @@ impl<B: Backend> LlamaModel<B> {
         &mut self,
         ctx: &mut B::Context,
         l: usize,
-        segs: &[BatchItem],
+        segs: &[AttnSegment],
         rows: usize,
     ) -> Result<()> {
         let c = &self.cfg;
@@ -763,14 +603,13 @@ impl<B: Backend> LlamaModel<B> {
         let s = &mut self.scratch;
         let mut r0 = 0;
         for seg in segs {
-            let n = seg.tokens.len();
-            let pages = self.kv.pages(seg.block_table);
+            let n = seg.q_len;
             let pools = (&mut self.kv.k[l], &mut self.kv.v[l]);
             let at = mla::Segment {
                 r0,
                 n,
-                pos: seg.pos,
-                pages,
+                pos: seg.pos_offset,
+                pages: seg.pages,
             };
             mla.forward(
                 ctx,
@@ -940,21 +779,14 @@ impl<B: Backend> PagedLlm for LlamaModel<B> {
         let rows: usize = items.iter().map(|s| s.tokens.len()).sum();
         let seg_rows = items.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
         self.scratch.ensure(&self.cfg, rows, seg_rows);
-        if self.graph_step_fits(items) {
-            return self.decode_step(items, logits);
-        }
-        let ctx = &mut B::new_context();
-        self.embed(ctx, items)?;
-        self.layers(ctx, items, rows)?;
-        let picked = self.head(ctx, items)?;
-        B::sync(ctx);
-        B::take_error(ctx)?;
-        if picked == 0 {
-            logits.clear();
-            return Ok(());
-        }
-        self.read_logits(picked, logits);
-        Ok(())
+        let segs = self.segments(items);
+        let done = if self.graph_step_fits(items) {
+            self.decode_step(items, &segs, logits)
+        } else {
+            self.eager_step(items, &segs, rows, logits)
+        };
+        self.scratch.segs = recycle(segs);
+        done
     }
 
     fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<()> {

@@ -7,7 +7,7 @@
 //! it, in prefill and batched decode alike: the expert's rows are gathered,
 //! run through its gated MLP as one GEMM, and added back to their tokens
 //! weighted ([`Backend::scale_add_rows`]). Where the backend groups experts
-//! ([`Backend::GROUPED_EXPERTS`], a GPU), all routed rows are gathered at
+//! ([`Capabilities::grouped_experts`](ferrum_kernels::Capabilities), a GPU), all routed rows are gathered at
 //! once, sorted by expert, and each projection runs as one grouped GEMM
 //! over every expert of the step ([`Backend::gemm_quant_experts`]); each
 //! token then sums its experts' rows ([`Backend::gather_add_rows`]). The
@@ -325,7 +325,7 @@ impl<B: Backend> MoeWeights<B> {
                 _ => None,
             }
         }
-        if !B::GROUPED_EXPERTS {
+        if !B::capabilities().grouped_experts {
             return None;
         }
         let first = self.experts.first()?;
