@@ -248,10 +248,7 @@ fn device_options_that_cannot_work_are_errors() {
             "x",
         ]);
         let err = String::from_utf8(out.stderr).unwrap();
-        assert!(
-            !out.status.success() && err.contains(want),
-            "{err}"
-        );
+        assert!(!out.status.success() && err.contains(want), "{err}");
     }
     // Embedding models run on the CPU only.
     if let Some(e) = model("all-MiniLM-L6-v2") {
@@ -392,6 +389,21 @@ fn bench_rejects_bad_presets_and_devices() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
+    // A block format without kernels is refused with the list of those that
+    // have them (from the one quant-format table).
+    let args = [
+        "bench",
+        "--random-weights",
+        "qwen2.5-0.5b",
+        "--random-type",
+        "iq4_xs",
+    ];
+    let out = ferrum(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("choose one of q4_0, q4_1") && err.contains("q6_k"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -68,38 +68,83 @@ pub enum GgufQuantType {
     Q3K,
 }
 
+/// Every GGUF block format with kernels, with its ggml type and its name
+/// in kernel names (CUDA's `mmvq1_q6_k`) and on the command line
+/// (`--random-type q6_k`): the one list a new block format joins.
+const GGUF_KERNEL_TYPES: [(GgufQuantType, GgmlType, &str); 10] = {
+    use GgufQuantType as Q;
+    [
+        (Q::Q4_0, GgmlType::Q4_0, "q4_0"),
+        (Q::Q4_1, GgmlType::Q4_1, "q4_1"),
+        (Q::Q5_0, GgmlType::Q5_0, "q5_0"),
+        (Q::Q5_1, GgmlType::Q5_1, "q5_1"),
+        (Q::Q8_0, GgmlType::Q8_0, "q8_0"),
+        (Q::Q2K, GgmlType::Q2_K, "q2_k"),
+        (Q::Q3K, GgmlType::Q3_K, "q3_k"),
+        (Q::Q4K, GgmlType::Q4_K, "q4_k"),
+        (Q::Q5K, GgmlType::Q5_K, "q5_k"),
+        (Q::Q6K, GgmlType::Q6_K, "q6_k"),
+    ]
+};
+
 impl GgufQuantType {
+    /// Every block format with kernels, in the table's order.
+    pub fn all() -> impl Iterator<Item = Self> {
+        GGUF_KERNEL_TYPES.iter().map(|e| e.0)
+    }
+
+    fn entry(self) -> &'static (GgufQuantType, GgmlType, &'static str) {
+        // Every variant has exactly one row (checked by a test).
+        let row = GGUF_KERNEL_TYPES.iter().find(|e| e.0 == self);
+        row.unwrap_or(&GGUF_KERNEL_TYPES[0])
+    }
+
     /// The block format of a GGUF tensor type, if it has a kernel.
     pub fn from_ggml(t: GgmlType) -> Option<Self> {
-        Some(match t {
-            GgmlType::Q4_0 => Self::Q4_0,
-            GgmlType::Q4_1 => Self::Q4_1,
-            GgmlType::Q5_0 => Self::Q5_0,
-            GgmlType::Q5_1 => Self::Q5_1,
-            GgmlType::Q8_0 => Self::Q8_0,
-            GgmlType::Q2_K => Self::Q2K,
-            GgmlType::Q3_K => Self::Q3K,
-            GgmlType::Q4_K => Self::Q4K,
-            GgmlType::Q5_K => Self::Q5K,
-            GgmlType::Q6_K => Self::Q6K,
-            _ => return None,
-        })
+        GGUF_KERNEL_TYPES.iter().find(|e| e.1 == t).map(|e| e.0)
+    }
+
+    /// The block format named `name` (`q6_k`, any case), if it has a kernel.
+    pub fn from_name(name: &str) -> Option<Self> {
+        let row = GGUF_KERNEL_TYPES
+            .iter()
+            .find(|e| e.2.eq_ignore_ascii_case(name));
+        row.map(|e| e.0)
     }
 
     /// The GGUF tensor type.
     pub fn ggml(self) -> GgmlType {
-        match self {
-            Self::Q4_0 => GgmlType::Q4_0,
-            Self::Q4_1 => GgmlType::Q4_1,
-            Self::Q5_0 => GgmlType::Q5_0,
-            Self::Q5_1 => GgmlType::Q5_1,
-            Self::Q8_0 => GgmlType::Q8_0,
-            Self::Q2K => GgmlType::Q2_K,
-            Self::Q3K => GgmlType::Q3_K,
-            Self::Q4K => GgmlType::Q4_K,
-            Self::Q5K => GgmlType::Q5_K,
-            Self::Q6K => GgmlType::Q6_K,
+        self.entry().1
+    }
+
+    /// Its name in kernel names and on the command line (`q6_k`).
+    pub fn name(self) -> &'static str {
+        self.entry().2
+    }
+}
+
+#[cfg(test)]
+mod quant_table_tests {
+    use super::*;
+
+    /// A variant missing from the table would read as Q4_0.
+    #[test]
+    fn every_block_format_has_one_row() {
+        use GgufQuantType::*;
+        let variants = [Q4_0, Q4_1, Q4K, Q5K, Q6K, Q8_0, Q5_0, Q5_1, Q2K, Q3K];
+        // Adding a variant fails to compile here until it is listed.
+        for v in variants {
+            match v {
+                Q4_0 | Q4_1 | Q4K | Q5K | Q6K | Q8_0 | Q5_0 | Q5_1 | Q2K | Q3K => {}
+            }
+            let rows = GGUF_KERNEL_TYPES.iter().filter(|e| e.0 == v).count();
+            assert_eq!(rows, 1, "{v:?}");
+            assert_eq!(GgufQuantType::from_ggml(v.ggml()), Some(v));
+            assert_eq!(GgufQuantType::from_name(&v.name().to_uppercase()), Some(v));
+            assert_eq!(v.name(), v.ggml().to_string().to_lowercase());
         }
+        assert_eq!(GgufQuantType::all().count(), variants.len());
+        assert_eq!(GgufQuantType::from_ggml(GgmlType::IQ4_XS), None);
     }
 }
 

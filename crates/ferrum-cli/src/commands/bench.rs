@@ -15,7 +15,6 @@ use ferrum_models::{DecoderOnlyLLM, KvManaged, KvPoolConfig, PagedLlm};
 use ferrum_kernels::cpu::profile::{self, Profile};
 use ferrum_kernels::GgufQuantType;
 use ferrum_models::llama::LlamaModel;
-use ferrum_types::GgmlType;
 
 use crate::model_files::{on_device, resolve, Device, KvDtypeArg, ModelFiles, DEFAULT_MODEL};
 
@@ -35,7 +34,8 @@ pub struct BenchArgs {
     /// (a mixture of experts).
     #[arg(long, value_name = "PRESET")]
     random_weights: Option<String>,
-    /// Block format of the random weights (q4_0, q4_1, q5_0, q5_1, q8_0, q2_k .. q6_k).
+    /// Block format of the random weights (q4_0, q4_1, q5_0, q5_1, q8_0, q2_k ..
+    /// q6_k: every format with a kernel).
     #[arg(long, default_value = "q4_k")]
     random_type: String,
     /// Give the random weights shuffled input orders, as act-order GPTQ
@@ -252,12 +252,11 @@ fn random_model(
             ferrum_models::llama::PRESETS.join(", ")
         );
     };
-    let Some(qt) = GgmlType::all()
-        .find(|t| t.to_string().eq_ignore_ascii_case(ty))
-        .and_then(GgufQuantType::from_ggml)
-    else {
+    let Some(qt) = GgufQuantType::from_name(ty) else {
+        let names: Vec<&str> = GgufQuantType::all().map(|t| t.name()).collect();
         bail!(
-            "--random-type {ty:?} is not a block format with a kernel (try q4_k, q6_k, q8_0, q4_0)"
+            "--random-type {ty:?} is not a block format with a kernel; choose one of {}",
+            names.join(", ")
         );
     };
     device.init()?;

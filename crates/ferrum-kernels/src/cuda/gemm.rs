@@ -33,21 +33,6 @@ const GROUPED_GEMV_ROWS: usize = 64;
 /// dequant.cu).
 const Q4K_COLS: usize = 4;
 
-pub(super) fn quant_name(t: GgufQuantType) -> &'static str {
-    match t {
-        GgufQuantType::Q4_0 => "q4_0",
-        GgufQuantType::Q4_1 => "q4_1",
-        GgufQuantType::Q5_0 => "q5_0",
-        GgufQuantType::Q5_1 => "q5_1",
-        GgufQuantType::Q8_0 => "q8_0",
-        GgufQuantType::Q2K => "q2_k",
-        GgufQuantType::Q3K => "q3_k",
-        GgufQuantType::Q4K => "q4_k",
-        GgufQuantType::Q5K => "q5_k",
-        GgufQuantType::Q6K => "q6_k",
-    }
-}
-
 /// `out[m, n] = a[m, k] · w[n, k]ᵀ` with cuBLAS (column-major: outᵀ = w · aᵀ).
 pub(super) fn sgemm(
     ctx: &mut CudaContext,
@@ -229,7 +214,7 @@ pub(super) fn gemm_blocks(
     n: usize,
     k: usize,
 ) -> Result<()> {
-    let t = quant_name(quant_type);
+    let t = quant_type.name();
     let dev = device::get();
     let f32_activations = dev.f32_activations.load(Ordering::Relaxed);
     if f32_activations && m <= 8 {
@@ -294,7 +279,7 @@ pub(super) fn gemm_experts(
     k: usize,
     quant_type: GgufQuantType,
 ) -> Result<()> {
-    let t = quant_name(quant_type);
+    let t = quant_type.name();
     let dev = device::get();
     let stream = ctx.stream.clone();
     let mut tiles: Vec<u64> = Vec::new();
