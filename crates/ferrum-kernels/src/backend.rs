@@ -450,10 +450,6 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Where work accumulates until `sync` (CPU: `()`, CUDA: a stream).
     type Context;
 
-    /// A GPTQ weight repacked once at load into this backend's favourite
-    /// format (CPU: dequantized f32 rows; CUDA: Marlin tiles).
-    type GptqStore: Send + Sync;
-
     /// Starts a new context.
     fn new_context() -> Self::Context;
 
@@ -526,45 +522,6 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// was captured against are freed or replaced: it holds their
     /// addresses.
     fn reset_graph(_ctx: &mut Self::Context) {}
-
-    // ── GPTQ ──────────────────────────────────────────────────────────────
-
-    /// Repacks one GPTQ weight (host tensors straight from the checkpoint)
-    /// into [`Backend::GptqStore`]. Called once per weight at load.
-    ///
-    /// `qweight` is `[k / (32 / bits), n]` with `32 / bits` values of one
-    /// column packed per word along k; `qzeros` is `[k / group_size,
-    /// n / (32 / bits)]` packed along n and stored minus one (the GPTQ v1
-    /// on-disk convention); `scales` is `[k / group_size, n]`; `g_idx`, when
-    /// present, maps each of the `k` input rows to its group.
-    #[allow(clippy::too_many_arguments)]
-    fn load_gptq(
-        _qweight: &[i32],
-        _scales: &[f32],
-        _qzeros: &[i32],
-        _g_idx: Option<&[i32]>,
-        _bits: u32,
-        _group_size: usize,
-        _k: usize,
-        _n: usize,
-    ) -> Result<Self::GptqStore> {
-        Err(FerrumError::unsupported(
-            "load_gptq is not implemented for this backend",
-        ))
-    }
-
-    /// `out[m, n] = a[m, k] · dequant(weight)ᵀ`.
-    fn gemm_gptq(
-        _ctx: &mut Self::Context,
-        _a: &Self::Buffer,
-        _weight: &Self::GptqStore,
-        _out: &mut Self::Buffer,
-        _m: usize,
-    ) -> Result<()> {
-        Err(FerrumError::unsupported(
-            "gemm_gptq is not implemented for this backend",
-        ))
-    }
 
     // ── Dense GEMM ────────────────────────────────────────────────────────
 
@@ -719,32 +676,6 @@ pub trait Backend: Send + Sync + Sized + 'static {
         }
     }
 
-    /// Multi-head latent attention (DeepSeek V2/V3's compressed KV).
-    ///
-    /// Shapes: `q` `[batch, heads, q_len, head_dim]`, `kv_compressed`
-    /// `[batch, kv_len, kv_lora_rank]`, `kv_rope` `[batch, kv_len,
-    /// qk_rope_head_dim]`, `out` like `q`. An extension point: no model in
-    /// Ferrum needs it yet, so every backend reports it unsupported.
-    #[allow(clippy::too_many_arguments)]
-    fn mla_attention(
-        _ctx: &mut Self::Context,
-        _q: &Self::Buffer,
-        _kv_compressed: &Self::Buffer,
-        _kv_rope: &Self::Buffer,
-        _out: &mut Self::Buffer,
-        _batch: usize,
-        _q_len: usize,
-        _kv_len: usize,
-        _pos_offset: usize,
-        _cfg: &AttnConfig,
-        _kv_lora_rank: usize,
-        _qk_rope_head_dim: usize,
-    ) -> Result<()> {
-        Err(FerrumError::unsupported(
-            "mla_attention (DeepSeek V2/V3 latent attention) is not implemented for this backend",
-        ))
-    }
-
     // ── Data movement ─────────────────────────────────────────────────────
 
     /// `dst[dst_offset..][..len] = src[src_offset..][..len]`, e.g. to pick the
@@ -829,24 +760,6 @@ pub trait Backend: Send + Sync + Sized + 'static {
         pos_offset: usize,
         eps: f32,
         mode: QkMode,
-    );
-
-    /// Writes `new_tokens` head-major K/V rows (`[nkv, new_tokens, hd]`, as
-    /// `qk_norm_rope` produces them) into caches `[nkv, cache_capacity, hd]`
-    /// at positions `cache_len..cache_len + new_tokens`. The caller keeps
-    /// the length and checks capacity beforehand.
-    #[allow(clippy::too_many_arguments)]
-    fn kv_cache_append_head_major(
-        ctx: &mut Self::Context,
-        cache_k: &mut Self::Buffer,
-        cache_v: &mut Self::Buffer,
-        cache_len: usize,
-        cache_capacity: usize,
-        new_k_head_major: &Self::Buffer,
-        new_v_head_major: &Self::Buffer,
-        new_tokens: usize,
-        nkv: usize,
-        hd: usize,
     );
 
     /// Writes `new_tokens` head-major K/V rows (`[nkv, new_tokens, hd]`) at

@@ -11,6 +11,7 @@ pub mod cpu;
 pub mod cuda;
 mod paged;
 pub mod quant;
+mod seed_ops;
 
 pub use backend::{
     input_order, pack_bytes, packed_bytes, AttnConfig, AttnSegment, Backend, Capabilities,
@@ -22,3 +23,4 @@ pub use cpu::{CpuBackend, CpuBuffer, CpuDtype, CpuGptqWeight};
 #[cfg(feature = "cuda")]
 pub use cuda::CudaBackend;
 pub use paged::{copy_append, encode_segments, gather_attention, rows_by_parts};
+pub use seed_ops::SeedOps;

@@ -13,7 +13,7 @@
 
 use ferrum_kernels::{
     copy_append, gather_attention, rows_by_parts, AttnConfig, AttnSegment, Backend, CpuBackend,
-    KvCache, KvDtype, PagedKv, QkMode, QuantKind, QuantWeights, ReduceOp,
+    KvCache, KvDtype, PagedKv, QkMode, QuantKind, QuantWeights, ReduceOp, SeedOps,
 };
 use half::f16;
 use proptest::prelude::*;
@@ -1184,7 +1184,7 @@ fn gptq_rejects_inconsistent_tensors() {
 // ── Documented defaults ─────────────────────────────────────────────────────
 
 /// The trait's provided methods, for any backend that keeps the defaults.
-fn check_documented_defaults<Bk: Backend>() {
+fn check_documented_defaults<Bk: SeedOps>() {
     let mut ctx = Bk::new_context();
     let a = Bk::alloc(4);
     let mut out = Bk::alloc(4);

@@ -14,7 +14,7 @@
 use ferrum_kernels::quant::{dequantize, random_blocks};
 use ferrum_kernels::{
     pack_bytes, AttnConfig, AttnSegment, Backend, CpuBackend as C, CudaBackend as G, ExpertRows,
-    GgufQuantType, PagedKv, QkMode, QuantKind, QuantWeights,
+    GgufQuantType, PagedKv, QkMode, QuantKind, QuantWeights, SeedOps,
 };
 use ferrum_types::GgmlType;
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};

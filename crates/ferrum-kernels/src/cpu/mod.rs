@@ -55,6 +55,7 @@ use simd::Elem;
 pub use gptq::CpuGptqWeight;
 
 use crate::batch_attention::{self, AttnLayer, AttnPlan, AttnScratch};
+use crate::seed_ops::SeedOps;
 use crate::{
     packed_bytes, AttnConfig, AttnSegment, Backend, Capabilities, GgufQuantType, KvDtype, PagedKv,
     QkMode, QuantKind, QuantWeights,
@@ -286,45 +287,10 @@ pub struct CpuBackend;
 impl Backend for CpuBackend {
     type Buffer = CpuBuffer;
     type Context = ();
-    type GptqStore = CpuGptqWeight;
 
     fn new_context() -> Self::Context {}
 
     fn sync(_ctx: &mut Self::Context) {}
-
-    fn load_gptq(
-        qweight: &[i32],
-        scales: &[f32],
-        qzeros: &[i32],
-        g_idx: Option<&[i32]>,
-        bits: u32,
-        group_size: usize,
-        k: usize,
-        n: usize,
-    ) -> Result<Self::GptqStore> {
-        gptq::load(qweight, scales, qzeros, g_idx, bits, group_size, k, n)
-    }
-
-    fn gemm_gptq(
-        _ctx: &mut Self::Context,
-        a: &Self::Buffer,
-        weight: &Self::GptqStore,
-        out: &mut Self::Buffer,
-        m: usize,
-    ) -> Result<()> {
-        let _profile = profile::span(Op::GemmQuant);
-        let _awake = awake::keep_awake();
-        let (n, k) = (weight.n, weight.k);
-        if a.len() < m * k || out.len() < m * n {
-            return Err(FerrumError::invalid(format!(
-                "gemm_gptq: buffers of {} and {} values are too small for m = {m}, k = {k}, n = {n}",
-                a.len(),
-                out.len()
-            )));
-        }
-        matmul::gemm(a, &weight.w, out, m, n, k);
-        Ok(())
-    }
 
     /// GGUF block formats; GPTQ and AWQ go through `load_gptq` / `gemm_gptq`.
     fn gemm_quant(
@@ -639,32 +605,6 @@ impl Backend for CpuBackend {
         );
     }
 
-    fn kv_cache_append_head_major(
-        _ctx: &mut Self::Context,
-        cache_k: &mut Self::Buffer,
-        cache_v: &mut Self::Buffer,
-        cache_len: usize,
-        cache_capacity: usize,
-        new_k_head_major: &Self::Buffer,
-        new_v_head_major: &Self::Buffer,
-        new_tokens: usize,
-        nkv: usize,
-        hd: usize,
-    ) {
-        let _profile = profile::span(Op::KvAppend);
-        layout::kv_cache_append_head_major(
-            cache_k,
-            cache_v,
-            cache_len,
-            cache_capacity,
-            new_k_head_major,
-            new_v_head_major,
-            new_tokens,
-            nkv,
-            hd,
-        );
-    }
-
     fn transpose_head_to_token(
         _ctx: &mut Self::Context,
         src: &Self::Buffer,
@@ -810,5 +750,69 @@ impl Backend for CpuBackend {
                 dtype: CpuDtype::Blocks(ty),
             }
         })
+    }
+}
+
+impl SeedOps for CpuBackend {
+    type GptqStore = CpuGptqWeight;
+
+    fn load_gptq(
+        qweight: &[i32],
+        scales: &[f32],
+        qzeros: &[i32],
+        g_idx: Option<&[i32]>,
+        bits: u32,
+        group_size: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<Self::GptqStore> {
+        gptq::load(qweight, scales, qzeros, g_idx, bits, group_size, k, n)
+    }
+
+    fn gemm_gptq(
+        _ctx: &mut Self::Context,
+        a: &Self::Buffer,
+        weight: &Self::GptqStore,
+        out: &mut Self::Buffer,
+        m: usize,
+    ) -> Result<()> {
+        let _profile = profile::span(Op::GemmQuant);
+        let _awake = awake::keep_awake();
+        let (n, k) = (weight.n, weight.k);
+        if a.len() < m * k || out.len() < m * n {
+            return Err(FerrumError::invalid(format!(
+                "gemm_gptq: buffers of {} and {} values are too small for m = {m}, k = {k}, n = {n}",
+                a.len(),
+                out.len()
+            )));
+        }
+        matmul::gemm(a, &weight.w, out, m, n, k);
+        Ok(())
+    }
+
+    fn kv_cache_append_head_major(
+        _ctx: &mut Self::Context,
+        cache_k: &mut Self::Buffer,
+        cache_v: &mut Self::Buffer,
+        cache_len: usize,
+        cache_capacity: usize,
+        new_k_head_major: &Self::Buffer,
+        new_v_head_major: &Self::Buffer,
+        new_tokens: usize,
+        nkv: usize,
+        hd: usize,
+    ) {
+        let _profile = profile::span(Op::KvAppend);
+        layout::kv_cache_append_head_major(
+            cache_k,
+            cache_v,
+            cache_len,
+            cache_capacity,
+            new_k_head_major,
+            new_v_head_major,
+            new_tokens,
+            nkv,
+            hd,
+        );
     }
 }

@@ -24,6 +24,7 @@ use crate::backend::{
     QkMode, QuantKind, QuantWeights,
 };
 use crate::batch_attention::{self, AttnLayer, AttnPlan, AttnScratch};
+use crate::seed_ops::SeedOps;
 
 /// `Backend` on an NVIDIA GPU.
 pub struct CudaBackend;
@@ -215,7 +216,6 @@ fn scratch(slot: &ScratchSlot, len: usize) -> std::sync::MutexGuard<'_, Option<C
 impl Backend for CudaBackend {
     type Buffer = CudaSlice<f32>;
     type Context = CudaContext;
-    type GptqStore = ();
 
     fn new_context() -> CudaContext {
         CudaContext {
@@ -620,39 +620,6 @@ impl Backend for CudaBackend {
         );
     }
 
-    fn kv_cache_append_head_major(
-        ctx: &mut CudaContext,
-        cache_k: &mut Self::Buffer,
-        cache_v: &mut Self::Buffer,
-        cache_len: usize,
-        cache_capacity: usize,
-        new_k_head_major: &Self::Buffer,
-        new_v_head_major: &Self::Buffer,
-        new_tokens: usize,
-        nkv: usize,
-        hd: usize,
-    ) {
-        if cache_len + new_tokens > cache_capacity {
-            return ctx.fail(format!(
-                "KV cache overflow: {cache_len} + {new_tokens} positions in a cache of {cache_capacity}"
-            ));
-        }
-        launch!(
-            ctx,
-            "kv_append",
-            linear(nkv * new_tokens * hd),
-            cache_k,
-            cache_v,
-            new_k_head_major,
-            new_v_head_major,
-            &i(cache_len),
-            &i(cache_capacity),
-            &i(new_tokens),
-            &i(nkv),
-            &i(hd)
-        );
-    }
-
     fn transpose_head_to_token(
         ctx: &mut CudaContext,
         src: &Self::Buffer,
@@ -858,5 +825,42 @@ impl Backend for CudaBackend {
         quant_type: GgufQuantType,
     ) -> Result<()> {
         gemm::gemm_experts(ctx, a, groups, out, n, k, quant_type)
+    }
+}
+
+impl SeedOps for CudaBackend {
+    type GptqStore = ();
+
+    fn kv_cache_append_head_major(
+        ctx: &mut CudaContext,
+        cache_k: &mut Self::Buffer,
+        cache_v: &mut Self::Buffer,
+        cache_len: usize,
+        cache_capacity: usize,
+        new_k_head_major: &Self::Buffer,
+        new_v_head_major: &Self::Buffer,
+        new_tokens: usize,
+        nkv: usize,
+        hd: usize,
+    ) {
+        if cache_len + new_tokens > cache_capacity {
+            return ctx.fail(format!(
+                "KV cache overflow: {cache_len} + {new_tokens} positions in a cache of {cache_capacity}"
+            ));
+        }
+        launch!(
+            ctx,
+            "kv_append",
+            linear(nkv * new_tokens * hd),
+            cache_k,
+            cache_v,
+            new_k_head_major,
+            new_v_head_major,
+            &i(cache_len),
+            &i(cache_capacity),
+            &i(new_tokens),
+            &i(nkv),
+            &i(hd)
+        );
     }
 }
