@@ -251,16 +251,17 @@ const KERNELS: &[&str] = &[
     "quantize_q8_1",
     "to_bf16",
 ];
-pub(crate) const QUANT_TYPES: &[&str] = &[
-    "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
-];
+/// Each block format's kernel-name suffix (`q6_k`), from the one table.
+fn quant_types() -> impl Iterator<Item = &'static str> {
+    crate::GgufQuantType::all().map(|t| t.name())
+}
 
 /// Every kernel `open` loads: the fixed ones and each quantized type's.
 fn kernel_names() -> impl Iterator<Item = String> {
     KERNELS
         .iter()
         .map(|k| k.to_string())
-        .chain(QUANT_TYPES.iter().flat_map(|t| {
+        .chain(quant_types().flat_map(|t| {
             [
                 format!("dequant_{t}"),
                 format!("dequant_bf16_{t}"),
@@ -405,9 +406,7 @@ mod tests {
             };
             let name = &part[..part.find('(').unwrap_or(0)];
             match name.strip_suffix("##T") {
-                Some(stem) => {
-                    in_source.extend(super::QUANT_TYPES.iter().map(|t| format!("{stem}{t}")))
-                }
+                Some(stem) => in_source.extend(super::quant_types().map(|t| format!("{stem}{t}"))),
                 None => {
                     in_source.insert(name.to_string());
                 }
