@@ -213,7 +213,7 @@ impl RopeSpec {
     /// Tables where only `rotary` of the `head_dim` dimensions rotate
     /// (partial rotary, Phi-3): pairs past `rotary / 2` keep angle 0. The
     /// model orders each head's Q/K dimensions to match (see
-    /// `llama::weights::partial_rotary_row_of`), so one rotate-half kernel
+    /// `llama::tensors::partial_rotary_row_of`), so one rotate-half kernel
     /// serves both.
     pub fn partial_tables(
         &self,

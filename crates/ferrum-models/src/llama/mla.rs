@@ -21,10 +21,11 @@
 //! reordering.
 
 use ferrum_kernels::{AttnConfig, Backend, PagedKv, QkMode};
-use ferrum_types::Result;
+use ferrum_types::{FerrumError, Result};
 
 use super::config::MlaConfig;
-use super::weights::Linear;
+use super::linear::Linear;
+use super::tensors::{partial_rotary_row_of, require, vector, Raw, Source};
 
 /// How a token's queries (`[heads · (nope + rope)]`, rows reordered per
 /// head for the rotate-half kernel) come from its hidden state.
@@ -275,4 +276,150 @@ impl<B: Backend> MlaWeights<B> {
         B::copy_slice(ctx, &s.o_tok, 0, attn, seg.r0 * width, n * width);
         Ok(())
     }
+}
+
+/// `d` rope dims in the rotate-half order `(i, i + d/2)` the kernels use:
+/// slot `i` takes dim `src(i)`. Interleaved pairs `(2i, 2i + 1)`
+/// (DeepSeek's checkpoints) are gathered; halves stay where they are.
+pub(super) fn rope_to_half(d: usize, interleaved: bool) -> impl Fn(usize) -> usize {
+    move |i| match (interleaved, i < d / 2) {
+        (false, _) => i,
+        (true, true) => 2 * i,
+        (true, false) => 2 * (i - d / 2) + 1,
+    }
+}
+
+/// Latent attention of layer `i`: see `mla.rs`. A query
+/// head's `nope + rope` rows are reordered as `[rope (rotate-half); nope]`
+/// and then as partial rotary (`partial_rotary_row_of`), and the absorbed
+/// maps are built in that order.
+pub(super) fn load_mla<B: Backend>(
+    src: &Source,
+    m: &MlaConfig,
+    i: usize,
+    h: usize,
+    heads: usize,
+) -> Result<MlaWeights<B>> {
+    let (nope, rope, rank, v) = (m.nope, m.rope, m.kv_lora_rank, m.v);
+    let (qk, dkv) = (nope + rope, rank + rope);
+    // Hugging Face's names, and llama.cpp's (`deepseek2`).
+    let name = |hf: &str| match src {
+        Source::Gguf(_) => {
+            let g = match hf {
+                "q_proj.weight" => "attn_q.weight",
+                "q_a_proj.weight" => "attn_q_a.weight",
+                "q_a_layernorm.weight" => "attn_q_a_norm.weight",
+                "q_b_proj.weight" => "attn_q_b.weight",
+                "kv_a_proj_with_mqa.weight" => "attn_kv_a_mqa.weight",
+                "kv_a_layernorm.weight" => "attn_kv_a_norm.weight",
+                other => other,
+            };
+            format!("blk.{i}.{g}")
+        }
+        Source::Hf(..) => format!("model.layers.{i}.self_attn.{hf}"),
+    };
+    let inter = rope_to_half(rope, m.rope_interleaved);
+    let partial = partial_rotary_row_of(qk, rope);
+    // Head slot -> the Hugging Face dim it holds (within a head).
+    let hf_dim = |slot: usize| {
+        let b = partial(slot);
+        if b < rope {
+            nope + inter(b)
+        } else {
+            b - rope
+        }
+    };
+    let head_rows = |r: usize| (r / qk) * qk + hf_dim(r % qk);
+    let query = match m.q_lora_rank {
+        Some(rank) => MlaQuery::LowRank {
+            rank,
+            a: Linear::upload(require(src, &name("q_a_proj.weight"), &[rank, h])?, rank, h)?,
+            norm: B::from_slice(&vector(src, &name("q_a_layernorm.weight"), rank)?),
+            b: Linear::upload(
+                require(src, &name("q_b_proj.weight"), &[heads * qk, rank])?
+                    .permute_rows(heads * qk, head_rows),
+                heads * qk,
+                rank,
+            )?,
+        },
+        None => MlaQuery::Full(Linear::upload(
+            require(src, &name("q_proj.weight"), &[heads * qk, h])?
+                .permute_rows(heads * qk, head_rows),
+            heads * qk,
+            h,
+        )?),
+    };
+    let [c, kr]: [Raw; 2] = require(src, &name("kv_a_proj_with_mqa.weight"), &[dkv, h])?
+        .split_rows(dkv, &[rank, rope])
+        .try_into()
+        .map_err(|_| FerrumError::invalid("kv_a split into other than 2 parts"))?;
+    let kr = kr.permute_rows(rope, &inter);
+    // `kv_b_proj` `[heads · (nope + v), rank]`; llama.cpp splits it into
+    // `attn_k_b` (each head's part transposed, `[heads, rank, nope]`) and
+    // `attn_v_b` (`[heads, v, rank]`).
+    let kv_b = match src {
+        Source::Hf(..) => require(src, &name("kv_b_proj.weight"), &[heads * (nope + v), rank])?
+            .to_f32(heads * (nope + v), rank)?,
+        Source::Gguf(_) => {
+            let k_b = require(
+                src,
+                &format!("blk.{i}.attn_k_b.weight"),
+                &[heads, rank, nope],
+            )?
+            .to_f32(heads * rank, nope)?;
+            let v_b = require(src, &format!("blk.{i}.attn_v_b.weight"), &[heads, v, rank])?
+                .to_f32(heads * v, rank)?;
+            let mut kv_b = vec![0f32; heads * (nope + v) * rank];
+            for hh in 0..heads {
+                for r in 0..rank {
+                    for d in 0..nope {
+                        kv_b[(hh * (nope + v) + d) * rank + r] = k_b[(hh * rank + r) * nope + d];
+                    }
+                }
+                for j in 0..v {
+                    let row = (hh * (nope + v) + nope + j) * rank;
+                    kv_b[row..row + rank].copy_from_slice(&v_b[(hh * v + j) * rank..][..rank]);
+                }
+            }
+            kv_b
+        }
+    };
+    let w = |head: usize, row: usize, r: usize| kv_b[(head * (nope + v) + row) * rank + r];
+    let mut absorb_q = Vec::with_capacity(heads);
+    let mut to_v = Vec::with_capacity(heads);
+    for hh in 0..heads {
+        let mut a = vec![0f32; dkv * qk];
+        for t in 0..qk {
+            let b = partial(t);
+            if b < rope {
+                a[(rank + b) * qk + t] = 1.0;
+            } else {
+                for r in 0..rank {
+                    a[r * qk + t] = w(hh, b - rope, r);
+                }
+            }
+        }
+        absorb_q.push(B::from_slice(&a));
+        let mut o = vec![0f32; v * dkv];
+        for j in 0..v {
+            for r in 0..rank {
+                o[j * dkv + r] = w(hh, nope + j, r);
+            }
+        }
+        to_v.push(B::from_slice(&o));
+    }
+    let mut place_latent = vec![0f32; dkv * rank];
+    (0..rank).for_each(|r| place_latent[r * rank + r] = 1.0);
+    let mut place_rope = vec![0f32; dkv * rope];
+    (0..rope).for_each(|j| place_rope[(rank + j) * rope + j] = 1.0);
+    Ok(MlaWeights {
+        query,
+        kv_a: Linear::upload(c, rank, h)?,
+        kv_a_norm: B::from_slice(&vector(src, &name("kv_a_layernorm.weight"), rank)?),
+        k_rope: Linear::upload(kr, rope, h)?,
+        absorb_q,
+        to_v,
+        place_latent: B::from_slice(&place_latent),
+        place_rope: B::from_slice(&place_rope),
+    })
 }

@@ -9,10 +9,12 @@
 mod arch;
 mod config;
 mod kv;
+mod linear;
 mod mla;
 mod moe;
 mod presets;
 mod quantized;
+mod tensors;
 mod weights;
 
 use std::path::Path;
@@ -27,11 +29,13 @@ use ferrum_types::{FerrumError, Result, TensorRef};
 pub use arch::{Arch, NAMES};
 pub use config::{Activation, LlamaConfig, MlaConfig, MoeConfig, Scoring};
 use kv::KvStore;
+use linear::Embedding;
 use mla::{MlaRope, MlaScratch};
 use moe::MoeScratch;
 pub use presets::{preset, PRESETS};
 pub use quantized::checkpoint_layouts;
-use weights::{Embedding, Mlp, Source, Weights};
+use tensors::Source;
+use weights::{Mlp, Weights};
 
 use crate::llm::{kv_capacity_from_env, KvPoolConfig, LlmRuntimeConfig, LoadProgress};
 use crate::paged::{check_tokens, BatchItem, KvPool, PagedLlm};

@@ -14,11 +14,15 @@
 //! routing itself (a softmax over a handful of experts per token) runs on
 //! the host.
 
+use ferrum_formats::gguf::GgufFile;
+use ferrum_kernels::quant::dequantize;
 use ferrum_kernels::{Backend, ExpertRows, GgufQuantType, QuantKind};
-use ferrum_types::Result;
+use ferrum_types::{FerrumError, Result};
 
+use super::arch::Arch;
 use super::config::{Activation, MoeConfig, Scoring};
-use super::weights::Linear;
+use super::linear::{fuse_or_f32, Linear};
+use super::tensors::{missing, require, vector, Bytes, Raw, Source};
 
 /// A gated MLP: one expert, or a layer's dense MLP.
 pub struct Expert<B: Backend> {
@@ -427,6 +431,142 @@ impl<B: Backend> Expert<B> {
         }
         Ok(())
     }
+}
+
+/// The `experts` matrices `[rows, k]` of one stacked GGUF tensor
+/// (`[experts, rows, k]`, expert-major): each keeps its blocks.
+pub(super) fn read_stacked(
+    g: &GgufFile,
+    name: &str,
+    experts: usize,
+    rows: usize,
+    k: usize,
+) -> Result<Vec<Raw>> {
+    let t = g.tensor(name).ok_or_else(|| missing(name))?;
+    let numel = experts * rows * k;
+    if t.numel() != numel as u64 {
+        return Err(FerrumError::invalid(format!(
+            "tensor {name} has shape {:?}, expected {experts} experts of [{rows}, {k}]",
+            t.shape()
+        )));
+    }
+    let data = g.tensor_data(t);
+    match GgufQuantType::from_ggml(t.ty) {
+        Some(ty) => {
+            let bytes = Bytes::mapped(g, t);
+            let per = bytes.len() / experts;
+            Ok((0..experts)
+                .map(|e| Raw::Blocks {
+                    bytes: bytes[e * per..(e + 1) * per].to_vec().into(),
+                    ty,
+                })
+                .collect())
+        }
+        None => {
+            let mut all = vec![0f32; numel];
+            dequantize(t.ty, data, &mut all).map_err(|e| g.error(format!("tensor {name}: {e}")))?;
+            Ok(all
+                .chunks_exact(rows * k)
+                .map(|c| Raw::F32(c.to_vec()))
+                .collect())
+        }
+    }
+}
+
+/// Layer `i`'s router and experts: GGUF's stacked `ffn_*_exps` tensors, or
+/// Hugging Face's per-expert ones (Qwen3-MoE's `mlp.experts.{e}.*_proj`,
+/// Mixtral's `block_sparse_moe.experts.{e}.w1/w3/w2`).
+pub(super) fn load_moe<B: Backend>(
+    src: &Source,
+    arch: Arch,
+    m: &MoeConfig,
+    i: usize,
+    h: usize,
+) -> Result<MoeWeights<B>> {
+    let (ne, im) = (m.experts, m.intermediate);
+    let (router, gates, ups, downs) = match src {
+        Source::Gguf(g) => {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            (
+                require(src, &n("ffn_gate_inp.weight"), &[ne, h])?,
+                read_stacked(g, &n("ffn_gate_exps.weight"), ne, im, h)?,
+                read_stacked(g, &n("ffn_up_exps.weight"), ne, im, h)?,
+                read_stacked(g, &n("ffn_down_exps.weight"), ne, h, im)?,
+            )
+        }
+        Source::Hf(..) => {
+            let names = arch.traits().moe.ok_or_else(|| {
+                FerrumError::invalid(format!("{arch:?} has no mixture-of-experts layers"))
+            })?;
+            let (block, [gate, up, down]) = (names.block, names.gate_up_down);
+            let p = format!("model.layers.{i}.{block}");
+            let each = |w: &str, rows: usize, k: usize| -> Result<Vec<Raw>> {
+                (0..ne)
+                    .map(|e| require(src, &format!("{p}.experts.{e}.{w}.weight"), &[rows, k]))
+                    .collect()
+            };
+            (
+                require(src, &format!("{p}.gate.weight"), &[ne, h])?,
+                each(gate, im, h)?,
+                each(up, im, h)?,
+                each(down, h, im)?,
+            )
+        }
+    };
+    let shared = match m.shared_intermediate {
+        Some(sim) => {
+            let name = |n: usize| match src {
+                Source::Gguf(_) => {
+                    let g = ["ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"][n];
+                    format!("blk.{i}.{g}.weight")
+                }
+                Source::Hf(..) => {
+                    let p = ["gate_proj", "up_proj", "down_proj"][n];
+                    format!("model.layers.{i}.mlp.shared_experts.{p}.weight")
+                }
+            };
+            let gate_up = vec![
+                (require(src, &name(0), &[sim, h])?, sim),
+                (require(src, &name(1), &[sim, h])?, sim),
+            ];
+            Some(Expert {
+                gate_up: Linear::upload(fuse_or_f32(gate_up, h)?, 2 * sim, h)?,
+                down: Linear::upload(require(src, &name(2), &[h, sim])?, h, sim)?,
+                bias: None,
+            })
+        }
+        None => None,
+    };
+    let experts = gates
+        .into_iter()
+        .zip(ups)
+        .zip(downs)
+        .map(|((g, u), d)| {
+            Ok(Expert {
+                gate_up: Linear::upload(fuse_or_f32(vec![(g, im), (u, im)], h)?, 2 * im, h)?,
+                down: Linear::upload(d, h, im)?,
+                bias: None,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // DeepSeek V3's selection bias (`e_score_correction_bias`).
+    let choice_bias = match m.scoring {
+        Scoring::Softmax => None,
+        Scoring::Sigmoid => Some(vector(
+            src,
+            &match src {
+                Source::Gguf(_) => format!("blk.{i}.exp_probs_b.bias"),
+                Source::Hf(..) => format!("model.layers.{i}.mlp.gate.e_score_correction_bias"),
+            },
+            ne,
+        )?),
+    };
+    Ok(MoeWeights {
+        choice_bias,
+        router: Linear::upload(router, ne, h)?,
+        experts,
+        shared,
+    })
 }
 
 #[cfg(test)]
