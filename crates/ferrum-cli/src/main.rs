@@ -8,6 +8,7 @@ use tracing_subscriber::EnvFilter;
 mod commands;
 mod model_files;
 mod pull;
+mod sampling_defaults;
 
 /// Ferrum: a Rust-native LLM inference engine.
 ///

@@ -463,3 +463,66 @@ fn embed_prints_one_unit_vector_per_input() {
         assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
     }
 }
+
+/// The default model (no `--model`) answers ten simple questions with known
+/// answers, greedily, at least eight right: the first answers a newcomer
+/// sees. SmolLM2-135M, the default before, got most such questions wrong.
+#[test]
+fn the_default_model_answers_simple_questions() {
+    if model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf").is_none() {
+        return;
+    }
+    let questions: [(&str, &[&str]); 10] = [
+        (
+            "What is the capital of France? Answer in one word.",
+            &["paris"],
+        ),
+        (
+            "What is the capital of Japan? Answer in one word.",
+            &["tokyo"],
+        ),
+        (
+            "What is the capital of Italy? Answer in one word.",
+            &["rome"],
+        ),
+        ("What is 17 * 3?", &["51"]),
+        ("What is 12 + 30?", &["42"]),
+        ("What is 100 - 1?", &["99"]),
+        (
+            "What is the opposite of 'hot'? Answer in one word.",
+            &["cold"],
+        ),
+        (
+            "What is the opposite of 'up'? Answer in one word.",
+            &["down"],
+        ),
+        ("How many days are in a week?", &["7", "seven"]),
+        (
+            "What color is the sky on a clear day? Answer in one word.",
+            &["blue"],
+        ),
+    ];
+    let mut report = Vec::new();
+    let mut right = 0;
+    for (q, want) in questions {
+        let out = ferrum(&[
+            "run",
+            "--chat",
+            "--prompt",
+            q,
+            "--temperature",
+            "0",
+            "-n",
+            "32",
+        ]);
+        let answer = String::from_utf8_lossy(&out.stdout).to_lowercase();
+        let ok = out.status.success() && want.iter().any(|w| answer.contains(w));
+        right += usize::from(ok);
+        report.push(format!(
+            "{} {q} -> {:?}",
+            if ok { "ok " } else { "BAD" },
+            answer.trim()
+        ));
+    }
+    assert!(right >= 8, "{right} of 10 right:\n{}", report.join("\n"));
+}

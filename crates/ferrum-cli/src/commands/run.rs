@@ -14,6 +14,7 @@ use ferrum_tokenizer::chat::{ChatOptions, ChatTemplate, Message};
 use ferrum_tokenizer::Tokenizer;
 
 use crate::model_files::{resolve, Device, KvArgs, ModelFiles, SpecArgs, DEFAULT_MODEL};
+use crate::sampling_defaults::Recommended;
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -35,18 +36,23 @@ pub struct RunArgs {
     /// Most tokens to generate per answer.
     #[arg(long, short = 'n', default_value_t = 512)]
     max_tokens: usize,
-    /// 0 is greedy.
-    #[arg(long, default_value_t = 0.8)]
-    temperature: f32,
-    /// 0 disables top-k.
-    #[arg(long, default_value_t = 40)]
-    top_k: usize,
-    #[arg(long, default_value_t = 0.95)]
-    top_p: f32,
-    #[arg(long, default_value_t = 0.05)]
-    min_p: f32,
-    #[arg(long, default_value_t = 1.0)]
-    repeat_penalty: f32,
+    /// 0 is greedy. [default: the model's recommendation (GGUF
+    /// `general.sampling.*` or generation_config.json), else 0.8; the same
+    /// for the four below]
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// 0 disables top-k. [default: the model's, else 40]
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// [default: the model's, else 0.95]
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// [default: the model's, else 0.05]
+    #[arg(long)]
+    min_p: Option<f32>,
+    /// [default: the model's, else 1 (off)]
+    #[arg(long)]
+    repeat_penalty: Option<f32>,
     /// Seed for reproducible sampling.
     #[arg(long)]
     seed: Option<u64>,
@@ -90,22 +96,43 @@ impl RunArgs {
         Ok(None)
     }
 
-    fn sampling(&self) -> SamplingParams {
-        SamplingParams {
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            repetition_penalty: self.repeat_penalty,
+    /// The settings given on the command line, then the model's `rec`,
+    /// then Ferrum's defaults. Values the model states but the sampler
+    /// refuses are dropped with a warning: a file's metadata must not stop
+    /// a chat.
+    fn sampling(&self, rec: &Recommended) -> SamplingParams {
+        let d = SamplingParams::default();
+        let pick = |asked: Option<f32>, model: Option<f32>, default: f32| {
+            asked.or(model).unwrap_or(default)
+        };
+        let params = SamplingParams {
+            temperature: pick(self.temperature, rec.temperature, d.temperature),
+            top_k: self.top_k.or(rec.top_k).unwrap_or(d.top_k),
+            top_p: pick(self.top_p, rec.top_p, d.top_p),
+            min_p: pick(self.min_p, rec.min_p, d.min_p),
+            repetition_penalty: pick(
+                self.repeat_penalty,
+                rec.repeat_penalty,
+                d.repetition_penalty,
+            ),
             seed: self.seed,
             ..SamplingParams::default()
+        };
+        if *rec != Recommended::default() && params.validate().is_err() {
+            tracing::warn!("the model's recommended sampling settings are invalid; using Ferrum's");
+            return self.sampling(&Recommended::default());
         }
+        params
     }
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
-    args.sampling().validate()?;
+    args.sampling(&Recommended::default()).validate()?;
     let files = ModelFiles::open(&resolve(&args.model)?)?;
+    let sampling = args.sampling(&files.recommended_sampling());
+    if args.verbose {
+        eprintln!("{}", describe_sampling(&sampling));
+    }
     let tok = files.tokenizer()?;
     let template = match tok.chat_template() {
         Some(t) => Some(ChatTemplate::new(t)?),
@@ -149,6 +176,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         tok: &tok,
         engine,
         template: template.as_ref(),
+        sampling,
         constraint,
         generating,
         interrupted,
@@ -164,11 +192,21 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
 }
 
+/// The settings in use, for `--verbose`.
+fn describe_sampling(p: &SamplingParams) -> String {
+    format!(
+        "sampling: temperature {}, top_k {}, top_p {}, min_p {}, repeat_penalty {}",
+        p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty
+    )
+}
+
 struct Session<'a> {
     args: &'a RunArgs,
     tok: &'a Tokenizer,
     engine: Engine,
     template: Option<&'a ChatTemplate>,
+    /// The command line's settings over the model's recommendations.
+    sampling: SamplingParams,
     /// Every answer's grammar (a fresh copy each).
     constraint: Option<Constraint>,
     generating: Arc<AtomicBool>,
@@ -190,7 +228,7 @@ impl Session<'_> {
         let req = Request {
             prompt,
             max_tokens: self.args.max_tokens,
-            sampling: self.args.sampling(),
+            sampling: self.sampling.clone(),
             stop_strings: self.args.stop.clone(),
             stop_tokens: Vec::new(),
             ignore_eos: false,
