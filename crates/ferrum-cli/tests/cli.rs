@@ -466,7 +466,8 @@ fn embed_prints_one_unit_vector_per_input() {
 
 /// The default model (no `--model`) answers ten simple questions with known
 /// answers, greedily, at least eight right: the first answers a newcomer
-/// sees. SmolLM2-135M, the default before, got most such questions wrong.
+/// sees. SmolLM2-135M, the default before, gets 7 of these 10 (all three
+/// sums but 17 * 3 wrong), so the test tells a good default from a bad one.
 #[test]
 fn the_default_model_answers_simple_questions() {
     if model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf").is_none() {
@@ -486,8 +487,8 @@ fn the_default_model_answers_simple_questions() {
             &["rome"],
         ),
         ("What is 17 * 3?", &["51"]),
-        ("What is 12 + 30?", &["42"]),
-        ("What is 100 - 1?", &["99"]),
+        ("What is 23 + 19?", &["42"]),
+        ("What is 9 * 8?", &["72"]),
         (
             "What is the opposite of 'hot'? Answer in one word.",
             &["cold"],
@@ -496,7 +497,7 @@ fn the_default_model_answers_simple_questions() {
             "What is the opposite of 'up'? Answer in one word.",
             &["down"],
         ),
-        ("How many days are in a week?", &["7", "seven"]),
+        ("What is 15 - 7?", &["8"]),
         (
             "What color is the sky on a clear day? Answer in one word.",
             &["blue"],
