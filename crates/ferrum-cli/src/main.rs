@@ -8,7 +8,6 @@ use tracing_subscriber::EnvFilter;
 mod commands;
 mod model_files;
 mod pull;
-mod sampling_defaults;
 
 /// Ferrum: a Rust-native LLM inference engine.
 ///

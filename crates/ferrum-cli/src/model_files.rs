@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Result};
 use ferrum_engine::Speculation;
 use ferrum_formats::gguf::GgufFile;
+use ferrum_formats::sampling::RecommendedSampling;
 use ferrum_models::{registry, PagedLlm};
 use ferrum_models::{KvDtype, KvPoolConfig};
 use ferrum_tokenizer::Tokenizer;
@@ -128,14 +129,14 @@ impl ModelFiles {
         Ok(Self::Gguf(GgufFile::open(path)?))
     }
 
-    /// The sampling settings the model recommends (see
-    /// [`crate::sampling_defaults`]).
-    pub fn recommended_sampling(&self) -> crate::sampling_defaults::Recommended {
-        use crate::sampling_defaults::Recommended;
+    /// The sampling settings the model recommends, those a sampler takes
+    /// (see [`ferrum_formats::sampling`]).
+    pub fn recommended_sampling(&self) -> RecommendedSampling {
         match self {
-            Self::Gguf(g) => Recommended::from_gguf(g),
-            Self::HfDir(d) => Recommended::from_hf_dir(d),
+            Self::Gguf(g) => RecommendedSampling::from_gguf(g),
+            Self::HfDir(d) => RecommendedSampling::from_hf_dir(d),
         }
+        .sanitized()
     }
 
     pub fn tokenizer(&self) -> Result<Tokenizer> {

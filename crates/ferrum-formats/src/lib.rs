@@ -10,6 +10,7 @@ pub mod gguf;
 pub mod hf_config;
 pub mod hf_quant;
 pub mod safetensors;
+pub mod sampling;
 pub mod sizes;
 
 /// Ferrum's model cache: `$FERRUM_MODELS`, else `~/.cache/ferrum/models`

@@ -315,7 +315,7 @@ fn prepare_chat(s: &Shared, b: Result<Bytes, BytesRejection>) -> Result<ChatPrep
     let req: ChatRequest = parse(&body(b)?)?;
     reject_unknown(&req.unknown)?;
     s.check_model(req.gen.model.as_deref())?;
-    let p = req.gen.validate(true)?;
+    let p = req.gen.validate(true, &s.model_sampling())?;
     tracing::debug!(
         user = req.gen.user.as_deref(),
         messages = req.messages.len(),
@@ -544,7 +544,7 @@ fn prepare_completion(
     let req: CompletionRequest = parse(&body(b)?)?;
     reject_unknown(&req.unknown)?;
     s.check_model(req.gen.model.as_deref())?;
-    let p = req.gen.validate(false)?;
+    let p = req.gen.validate(false, &s.model_sampling())?;
     tracing::debug!(user = req.gen.user.as_deref(), "completion request");
     let Ready::Llm { tok, grammars, .. } = s.ready()? else {
         return Err(ApiError::invalid(

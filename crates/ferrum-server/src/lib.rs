@@ -41,6 +41,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::sync::mpsc;
 
 pub use error::ApiError;
+pub use ferrum_formats::sampling::RecommendedSampling;
 
 /// How the server listens and what it accepts.
 #[derive(Clone, Debug)]
@@ -91,6 +92,9 @@ pub enum LoadedModel {
         model: Box<dyn PagedLlm>,
         tokenizer: Tokenizer,
         speculation: Option<Speculation>,
+        /// What the model recommends where a request sets no sampling
+        /// value (in range: `RecommendedSampling::sanitized`).
+        sampling: RecommendedSampling,
     },
     Embedding(Embedder<CpuBackend>),
 }
@@ -109,6 +113,7 @@ enum Ready {
         grammars: Result<Arc<Grammars>, String>,
         capacity: usize,
         engine: Engine,
+        sampling: RecommendedSampling,
     },
     Embed {
         jobs: mpsc::UnboundedSender<embed_worker::EmbedJob>,
@@ -131,6 +136,14 @@ struct AppState {
 type Shared = Arc<AppState>;
 
 impl AppState {
+    /// The loaded model's recommended sampling (none before it is ready).
+    fn model_sampling(&self) -> RecommendedSampling {
+        match self.ready.get() {
+            Some(Ready::Llm { sampling, .. }) => *sampling,
+            _ => RecommendedSampling::default(),
+        }
+    }
+
     fn ready(&self) -> Result<&Ready, ApiError> {
         self.ready.get().ok_or_else(|| {
             ApiError::new(
@@ -290,6 +303,7 @@ impl Bound {
                         model,
                         tokenizer,
                         speculation,
+                        sampling,
                     } => {
                         let capacity = model.kv_capacity();
                         let template = match tokenizer.chat_template() {
@@ -320,6 +334,7 @@ impl Bound {
                             grammars,
                             capacity,
                             engine,
+                            sampling,
                         }
                     }
                     LoadedModel::Embedding(e) => {

@@ -5,6 +5,7 @@
 //! that names the field.
 
 use ferrum_engine::{EmbedInput, SamplingParams};
+use ferrum_formats::sampling::RecommendedSampling;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
@@ -248,7 +249,10 @@ fn logit_bias(v: Option<&Value>) -> Result<Vec<(u32, f32)>, ApiError> {
 impl GenFields {
     /// `chat` selects the chat flavour of `logprobs` (a bool plus
     /// `top_logprobs`) over the completions one (an integer).
-    pub fn validate(&self, chat: bool) -> Result<GenParams, ApiError> {
+    /// The request's parameters, checked; values it leaves out are the
+    /// model's recommendation (`model`) where there is one, else OpenAI's
+    /// defaults.
+    pub fn validate(&self, chat: bool, model: &RecommendedSampling) -> Result<GenParams, ApiError> {
         let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
             None => None,
             Some(m) if m >= 1 => Some(m as usize),
@@ -270,7 +274,8 @@ impl GenFields {
             }
         };
         let top_k = match self.top_k {
-            None | Some(-1) | Some(0) => 0,
+            None => model.top_k.unwrap_or(0),
+            Some(-1) | Some(0) => 0,
             Some(k) if k > 0 => k as usize,
             Some(k) => {
                 return Err(ApiError::invalid(
@@ -340,16 +345,22 @@ impl GenFields {
             ));
         }
         let sampling = SamplingParams {
-            temperature: range(self.temperature, "temperature", 0.0, 2.0, 1.0)?,
+            temperature: range(
+                self.temperature,
+                "temperature",
+                0.0,
+                2.0,
+                model.temperature.unwrap_or(1.0),
+            )?,
             top_k,
-            top_p: range(self.top_p, "top_p", 0.0, 1.0, 1.0)?,
-            min_p: range(self.min_p, "min_p", 0.0, 1.0, 0.0)?,
+            top_p: range(self.top_p, "top_p", 0.0, 1.0, model.top_p.unwrap_or(1.0))?,
+            min_p: range(self.min_p, "min_p", 0.0, 1.0, model.min_p.unwrap_or(0.0))?,
             repetition_penalty: range(
                 self.repetition_penalty,
                 "repetition_penalty",
                 0.01,
                 10.0,
-                1.0,
+                model.repeat_penalty.unwrap_or(1.0),
             )?,
             presence_penalty: range(self.presence_penalty, "presence_penalty", -2.0, 2.0, 0.0)?,
             frequency_penalty: range(self.frequency_penalty, "frequency_penalty", -2.0, 2.0, 0.0)?,
@@ -458,7 +469,41 @@ mod tests {
     use super::*;
 
     fn gen(body: &str) -> Result<GenParams, ApiError> {
-        parse::<GenFields>(body.as_bytes())?.validate(true)
+        parse::<GenFields>(body.as_bytes())?.validate(true, &RecommendedSampling::default())
+    }
+
+    #[test]
+    fn a_models_recommendation_fills_what_a_request_leaves_out() {
+        let model = RecommendedSampling {
+            temperature: Some(0.7),
+            top_k: Some(20),
+            top_p: Some(0.8),
+            min_p: None,
+            repeat_penalty: Some(1.1),
+        };
+        let with = |body: &str| {
+            parse::<GenFields>(body.as_bytes())
+                .and_then(|g| g.validate(true, &model))
+                .map(|p| p.sampling)
+        };
+        let s = with("{}").unwrap();
+        assert_eq!(
+            (
+                s.temperature,
+                s.top_k,
+                s.top_p,
+                s.min_p,
+                s.repetition_penalty
+            ),
+            (0.7, 20, 0.8, 0.0, 1.1)
+        );
+        // What the request sets wins, a -1 or 0 top_k included.
+        let s = with(r#"{"temperature": 0, "top_k": -1, "top_p": 1, "repetition_penalty": 1}"#)
+            .unwrap();
+        assert_eq!(
+            (s.temperature, s.top_k, s.top_p, s.repetition_penalty),
+            (0.0, 0, 1.0, 1.0)
+        );
     }
 
     #[test]

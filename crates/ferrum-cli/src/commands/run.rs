@@ -14,7 +14,7 @@ use ferrum_tokenizer::chat::{ChatOptions, ChatTemplate, Message};
 use ferrum_tokenizer::Tokenizer;
 
 use crate::model_files::{resolve, Device, KvArgs, ModelFiles, SpecArgs, DEFAULT_MODEL};
-use crate::sampling_defaults::Recommended;
+use ferrum_formats::sampling::RecommendedSampling as Recommended;
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -96,16 +96,15 @@ impl RunArgs {
         Ok(None)
     }
 
-    /// The settings given on the command line, then the model's `rec`,
-    /// then Ferrum's defaults. Values the model states but the sampler
-    /// refuses are dropped with a warning: a file's metadata must not stop
-    /// a chat.
+    /// The settings given on the command line, then the model's `rec`
+    /// (already in range: [`Recommended::sanitized`]), then Ferrum's
+    /// defaults.
     fn sampling(&self, rec: &Recommended) -> SamplingParams {
         let d = SamplingParams::default();
         let pick = |asked: Option<f32>, model: Option<f32>, default: f32| {
             asked.or(model).unwrap_or(default)
         };
-        let params = SamplingParams {
+        SamplingParams {
             temperature: pick(self.temperature, rec.temperature, d.temperature),
             top_k: self.top_k.or(rec.top_k).unwrap_or(d.top_k),
             top_p: pick(self.top_p, rec.top_p, d.top_p),
@@ -117,12 +116,7 @@ impl RunArgs {
             ),
             seed: self.seed,
             ..SamplingParams::default()
-        };
-        if *rec != Recommended::default() && params.validate().is_err() {
-            tracing::warn!("the model's recommended sampling settings are invalid; using Ferrum's");
-            return self.sampling(&Recommended::default());
         }
-        params
     }
 }
 

@@ -142,6 +142,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             }
             let files = ModelFiles::open(&path)?;
             Ok(LoadedModel::Llm {
+                sampling: files.recommended_sampling(),
                 tokenizer: files.tokenizer()?,
                 model: files.load_llm(args.device, &pool)?,
                 speculation: args.spec.load(args.device, &pool)?,

@@ -1,15 +1,16 @@
 //! The sampling settings a model's authors recommend, read from the model
 //! (GGUF `general.sampling.*` keys, or a Hugging Face folder's
-//! `generation_config.json`), used by `ferrum run` where the command line
-//! sets nothing (as Ollama and vLLM's `--generation-config auto` do).
+//! `generation_config.json`): `ferrum run` and the server use them where
+//! the command line or the request sets nothing, as Ollama and vLLM
+//! (`--generation-config auto`, its default) do.
 
 use std::path::Path;
 
-use ferrum_formats::gguf::GgufFile;
+use crate::gguf::GgufFile;
 
 /// Recommended values; `None` where the model says nothing.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Recommended {
+pub struct RecommendedSampling {
     pub temperature: Option<f32>,
     pub top_k: Option<usize>,
     pub top_p: Option<f32>,
@@ -17,7 +18,7 @@ pub struct Recommended {
     pub repeat_penalty: Option<f32>,
 }
 
-impl Recommended {
+impl RecommendedSampling {
     /// llama.cpp's keys (`gguf-py`'s `Keys.General.SAMPLING_*`).
     pub fn from_gguf(g: &GgufFile) -> Self {
         let float = |k: &str| g.get(k).and_then(|v| v.as_f64()).map(|v| v as f32);
@@ -30,6 +31,35 @@ impl Recommended {
             top_p: float("general.sampling.top_p"),
             min_p: float("general.sampling.min_p"),
             repeat_penalty: float("general.sampling.penalty_repeat"),
+        }
+    }
+
+    /// The values a sampler takes (temperature in [0, 2], top-p in (0, 1],
+    /// min-p in [0, 1], repetition penalty in [0.01, 10]); others are
+    /// dropped with a warning, so that a file's metadata never makes every
+    /// request fail.
+    pub fn sanitized(self) -> Self {
+        fn keep(v: Option<f32>, name: &str, ok: impl Fn(f32) -> bool) -> Option<f32> {
+            match v {
+                Some(x) if !(x.is_finite() && ok(x)) => {
+                    tracing::warn!(
+                        "the model recommends {name} {x}, which is out of range; ignored"
+                    );
+                    None
+                }
+                v => v,
+            }
+        }
+        Self {
+            temperature: keep(self.temperature, "temperature", |x| {
+                (0.0..=2.0).contains(&x)
+            }),
+            top_k: self.top_k,
+            top_p: keep(self.top_p, "top_p", |x| x > 0.0 && x <= 1.0),
+            min_p: keep(self.min_p, "min_p", |x| (0.0..=1.0).contains(&x)),
+            repeat_penalty: keep(self.repeat_penalty, "repetition_penalty", |x| {
+                (0.01..=10.0).contains(&x)
+            }),
         }
     }
 
@@ -106,10 +136,10 @@ mod tests {
         )
         .unwrap();
         let g = GgufFile::open(&path).unwrap();
-        let r = Recommended::from_gguf(&g);
+        let r = RecommendedSampling::from_gguf(&g);
         assert_eq!(
             r,
-            Recommended {
+            RecommendedSampling {
                 temperature: Some(0.6),
                 top_k: Some(20),
                 top_p: Some(0.95),
@@ -120,7 +150,10 @@ mod tests {
         );
         std::fs::write(&path, gguf_with(&[])).unwrap();
         let g = GgufFile::open(&path).unwrap();
-        assert_eq!(Recommended::from_gguf(&g), Recommended::default());
+        assert_eq!(
+            RecommendedSampling::from_gguf(&g),
+            RecommendedSampling::default()
+        );
     }
 
     #[test]
@@ -130,10 +163,10 @@ mod tests {
         write(
             r#"{"do_sample": true, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.1}"#,
         );
-        let r = Recommended::from_hf_dir(dir.path());
+        let r = RecommendedSampling::from_hf_dir(dir.path());
         assert_eq!(
             r,
-            Recommended {
+            RecommendedSampling {
                 temperature: Some(0.7),
                 top_k: Some(20),
                 top_p: Some(0.8),
@@ -142,10 +175,25 @@ mod tests {
             }
         );
         write(r#"{"do_sample": false, "temperature": 0.7}"#);
-        assert_eq!(Recommended::from_hf_dir(dir.path()).temperature, Some(0.0));
+        assert_eq!(
+            RecommendedSampling::from_hf_dir(dir.path()).temperature,
+            Some(0.0)
+        );
         write("not json");
-        assert_eq!(Recommended::from_hf_dir(dir.path()), Recommended::default());
+        assert_eq!(
+            RecommendedSampling::from_hf_dir(dir.path()),
+            RecommendedSampling::default()
+        );
+        write(r#"{"temperature": 7.0, "top_p": 0.0, "min_p": 0.1}"#);
+        let odd = RecommendedSampling::from_hf_dir(dir.path()).sanitized();
+        assert_eq!(
+            (odd.temperature, odd.top_p, odd.min_p),
+            (None, None, Some(0.1))
+        );
         std::fs::remove_file(dir.path().join("generation_config.json")).unwrap();
-        assert_eq!(Recommended::from_hf_dir(dir.path()), Recommended::default());
+        assert_eq!(
+            RecommendedSampling::from_hf_dir(dir.path()),
+            RecommendedSampling::default()
+        );
     }
 }
