@@ -169,7 +169,14 @@ fn run_one_shot_prints_only_the_completion() {
     );
     let out = greedy(&["--verbose"]);
     assert_eq!(String::from_utf8(out.stdout).unwrap(), text);
-    let timing = String::from_utf8(out.stderr).unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    // The settings in use (no model recommendation in this file: Ferrum's
+    // defaults where the command line sets nothing), then the timings.
+    let (settings, timing) = stderr.split_once('\n').unwrap_or_default();
+    assert_eq!(
+        settings,
+        "sampling: temperature 0, top_k 40, top_p 0.95, min_p 0.05, repeat_penalty 1"
+    );
     assert!(
         timing.starts_with("[prompt 5 tokens (0 cached) ")
             && timing.contains("| answer 3 tokens ")
