@@ -112,6 +112,10 @@ def test_connections_beyond_the_cap_wait_for_a_slot(capped_server):
     # slot: its /health is answered at once (probes see a busy server, not
     # a dead one), its API request only when the read timeout frees a
     # regular slot, and is then served.
+    # First let the fixture's readiness probe close: while its connection
+    # holds a slot, a silent one would be taken on a reserve permit and
+    # leave the cap one short.
+    time.sleep(0.5)
     idle = [connect(capped_server) for _ in range(2)]
     time.sleep(0.3)
     start = time.time()

@@ -158,12 +158,12 @@ pub async fn serve(
     let accept = async {
         loop {
             // A regular slot when one is free, else a reserve one.
-            let (permit, app) = tokio::select! {
+            let (permit, mut reserved) = tokio::select! {
                 biased;
-                p = slots.clone().acquire_owned() => (p, &app),
-                p = reserve.clone().acquire_owned() => (p, &at_cap),
+                p = slots.clone().acquire_owned() => (p, false),
+                p = reserve.clone().acquire_owned() => (p, true),
             };
-            let Ok(permit) = permit else {
+            let Ok(mut permit) = permit else {
                 return;
             };
             let stream = match listener.accept().await {
@@ -175,8 +175,18 @@ pub async fn serve(
                     continue;
                 }
             };
+            // A slot may have come free while this accept waited on a
+            // reserve permit: take it, so the connection counts against the
+            // cap (on a reserve permit a silent one would leave that slot to
+            // the next client).
+            if reserved {
+                if let Ok(slot) = slots.clone().try_acquire_owned() {
+                    permit = slot;
+                    reserved = false;
+                }
+            }
             let _ = stream.set_nodelay(true);
-            let service = TowerToHyperService::new(app.clone());
+            let service = TowerToHyperService::new(if reserved { &at_cap } else { &app }.clone());
             let mut stop = stop_rx.clone();
             tokio::spawn(async move {
                 let _permit = permit;
