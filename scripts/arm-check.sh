@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The Arm (AArch64) check, on an x86-64 machine: cross-compiles the CPU
-# kernels' tests and the `ferrum` binary, runs the kernel tests under
-# qemu-user on three CPU models (`max`: NEON + dotprod + i8mm; cortex-a76:
-# dotprod, no i8mm; cortex-a53: plain NEON), then one perplexity chunk of
-# a real model on `max` and cortex-a53, which must equal this machine's
-# native figure to the last digit.
+# kernels' tests and `logits_digest` (ferrum-models' example: one
+# perplexity-style chunk of a real model, every logit's bits hashed), runs
+# the kernel tests under qemu-user on three CPU models (`max`: NEON +
+# dotprod + i8mm; cortex-a76: dotprod, no i8mm; cortex-a53: plain NEON),
+# then the digest on `max` and cortex-a53, which must equal this machine's
+# native digest.
 #
 # Installs what it needs (the rustup target; Debian's qemu-user and
 # gcc-aarch64-linux-gnu, as root). Models come from $FERRUM_MODELS.
@@ -23,17 +24,47 @@ export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
 export CXX_aarch64_unknown_linux_gnu=aarch64-linux-gnu-g++
 
+# One build for the tests and the digest: separate cargo invocations would
+# unify features differently and compile the kernels and their
+# dependencies twice.
+echo "== [$((SECONDS / 60))m] aarch64: build the kernel tests and logits_digest"
+cargo test -q --no-run --message-format=json-render-diagnostics --target "$TARGET" \
+  -p ferrum-kernels -p ferrum-models --lib --test cpu_ops --test quant_gemm --test dequant \
+  --example logits_digest >target/arm-build.json
+# "package name"/"target name"/executable of each built executable.
+mapfile -t BUILT < <(python3 - <<'PY'
+import json
+for line in open("target/arm-build.json"):
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        print(m["package_id"].split("#")[0].rsplit("/", 1)[-1], m["target"]["name"], m["executable"])
+PY
+)
+TESTS=() DIGEST=
+for row in "${BUILT[@]}"; do
+  read -r pkg name exe <<<"$row"
+  case "$pkg/$name" in
+    ferrum-kernels/*) TESTS+=("$exe") ;;
+    */logits_digest) DIGEST=$exe ;;
+  esac
+done
+if [ ${#TESTS[@]} -ne 4 ] || [ -z "$DIGEST" ]; then
+  echo "error: expected 4 kernel test binaries and logits_digest, got: ${BUILT[*]}" >&2
+  exit 1
+fi
+
 echo "== [$((SECONDS / 60))m] aarch64: kernel tests under qemu"
 for cpu in max cortex-a76 cortex-a53; do
   echo "-- qemu -cpu $cpu"
-  CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L $SYSROOT -cpu $cpu" \
-    cargo test -q -p ferrum-kernels --target "$TARGET" --lib --test cpu_ops --test quant_gemm --test dequant
+  for exe in "${TESTS[@]}"; do
+    qemu-aarch64 -L $SYSROOT -cpu $cpu "$exe" -q
+  done
 done
 
 echo "== [$((SECONDS / 60))m] aarch64: clippy on the Arm code paths"
 cargo clippy -q -p ferrum-kernels --target "$TARGET" --all-targets -- -D warnings
 
-echo "== [$((SECONDS / 60))m] aarch64: one perplexity chunk of a real model under qemu"
+echo "== [$((SECONDS / 60))m] aarch64: logits of a real model under qemu"
 MODELS=${FERRUM_MODELS:-$HOME/.cache/ferrum/models}
 MODEL=$MODELS/gemma-3-270m-q4_k_m.gguf
 TEXT=/usr/share/common-licenses/GPL-3
@@ -41,32 +72,28 @@ if [ ! -f "$MODEL" ] || [ ! -f "$TEXT" ]; then
   echo "skipped: $MODEL or $TEXT is missing (fetch.sh gemma3)"
   exit 0
 fi
-# The native figure comes from $FERRUM_BIN where CI has built one already.
-NATIVE=${FERRUM_BIN:-}
-if [ -z "$NATIVE" ]; then
-  cargo build -q -p ferrum-cli
-  NATIVE=target/debug/ferrum
-fi
-cargo build -q -p ferrum-cli --target "$TARGET"
-ARGS=(perplexity --model "$MODEL" --file "$TEXT" --ctx 128 --chunks 1 --json)
-native=$("$NATIVE" "${ARGS[@]}" 2>/dev/null | tail -1)
+# `cargo test --workspace` builds the native one; build it where it has not.
+NATIVE=target/debug/examples/logits_digest
+[ -x "$NATIVE" ] || cargo build -q -p ferrum-models --example logits_digest
+native=$("$NATIVE" "$MODEL" "$TEXT")
 echo "native: $native"
 # The SMMLA + SDOT kernels (max) and the plain NEON ones (cortex-a53).
-for cpu in max cortex-a53; do
-arm=$(qemu-aarch64 -L $SYSROOT -cpu $cpu "target/$TARGET/debug/ferrum" "${ARGS[@]}" 2>/dev/null | tail -1)
-echo "arm ($cpu): $arm"
-python3 - "$native" "$arm" <<'EOF'
-import json, sys
-native, arm = (json.loads(s)["ppl"] for s in sys.argv[1:3])
 # Arm computes x86's bits: the quantized kernels take the same integer
 # sums and float steps in the same order on both (kernel tests hold both
 # to one scalar statement), and the f32 helpers' portable versions take
-# the AVX2 versions' steps (a test holds them to its bits). So the whole
-# model gives the same perplexity to the last digit: any difference is a
-# path that has drifted from its statement. (Before the helpers and the
-# Arm k-quant kernels were aligned, this chunk moved 1.5%: last-bit
-# differences flipped 8-bit activation roundings.)
-print(f"perplexity: native {native!r}, arm {arm!r}")
-sys.exit(0 if arm == native else 1)
-EOF
+# the AVX2 versions' steps (a test holds them to its bits). So every logit
+# is equal to the last bit: any difference is a path that has drifted from
+# its statement. (Before the helpers and the Arm k-quant kernels were
+# aligned, perplexity on this text moved 1.5%: last-bit differences
+# flipped 8-bit activation roundings.)
+status=0
+for cpu in max cortex-a53; do
+  arm=$(qemu-aarch64 -L $SYSROOT -cpu $cpu "$DIGEST" "$MODEL" "$TEXT")
+  if [ "$arm" = "$native" ]; then
+    echo "arm ($cpu): $arm: equal"
+  else
+    echo "arm ($cpu): $arm: DIFFERS from native" >&2
+    status=1
+  fi
 done
+exit $status

@@ -305,6 +305,14 @@ impl KvDtype {
             Self::F16 => "f16",
         }
     }
+
+    /// Bytes one element takes in the pool.
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 => 2,
+        }
+    }
 }
 
 impl std::str::FromStr for KvDtype {

@@ -38,6 +38,14 @@ impl<B: Backend> KvStore<B> {
         };
         let blocks = tokens.div_ceil(bs).max(1);
         let len = blocks * nkv * bs * hd;
+        // As vLLM logs its block count: what the pool holds and costs at
+        // most (on the CPU it is paid as blocks are first written).
+        tracing::info!(
+            "KV pool: {blocks} blocks of {bs} positions, {} positions ({:.1} MiB of {})",
+            blocks * bs,
+            (2 * layers * len * dtype.bytes()) as f64 / (1024.0 * 1024.0),
+            dtype.name()
+        );
         Ok(Self {
             k: (0..layers).map(|_| B::alloc_kv(len, dtype)).collect(),
             v: (0..layers).map(|_| B::alloc_kv(len, dtype)).collect(),
