@@ -99,6 +99,31 @@ def test_host_header_must_be_one(chat_server):
     assert b" 200 " in reply.split(b"\r\n")[0], reply
 
 
+def test_bare_lf_line_ends_are_400(chat_server):
+    """RFC 9112 lets a server take a lone LF as a line end; a proxy that does
+    not would split requests differently (smuggling), so they are refused:
+    in a first request's head, in a later one's after a body, and in chunk
+    framing. A body's own newlines are data and pass."""
+    s = connect(chat_server)
+    s.sendall(b"GET /health HTTP/1.1\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+    _, reply = closed_after(s)
+    assert reply.startswith(b"HTTP/1.1 400"), reply
+    body = b'{"prompt":\n "ab"}\n'
+    s = connect(chat_server)
+    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(body), body) +
+              b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\nConnection: close\r\n\r\n")
+    _, reply = closed_after(s)
+    first, _, rest = reply.partition(b"\r\n")
+    assert first == b"HTTP/1.1 200 OK", reply
+    assert b"HTTP/1.1 400" in rest, reply
+    s = connect(chat_server)
+    s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n2\n{}\r\n0\r\n\r\n")
+    _, reply = closed_after(s)
+    assert reply.startswith(b"HTTP/1.1 400"), reply
+
+
 def test_idle_keep_alive_connections_are_closed(hardened_server):
     s = connect(hardened_server)
     s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")

@@ -13,6 +13,7 @@ mod embeddings;
 mod error;
 mod generation;
 mod guard;
+mod line_ends;
 mod listen;
 mod protocol;
 mod structured;

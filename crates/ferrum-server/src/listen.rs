@@ -11,7 +11,8 @@
 //! dropped stream cancels its generation. At the cap, a few reserve slots
 //! take connections whose `/health` and `/metrics` are answered at once and
 //! whose other requests wait for a regular slot ([`RESERVE`]), so probes
-//! and scrapers see a busy server, not a dead one.
+//! and scrapers see a busy server, not a dead one. Lines must end in CRLF
+//! ([`StrictLineEnds`]).
 
 use std::future::Future;
 use std::io;
@@ -31,6 +32,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
+
+use crate::line_ends::StrictLineEnds;
 
 /// How connections are bounded.
 #[derive(Clone, Copy, Debug)]
@@ -194,7 +197,10 @@ pub async fn serve(
                     .timer(TokioTimer::new())
                     .header_read_timeout(limits.header_timeout)
                     .serve_connection(
-                        TokioIo::new(StalledWrites::new(stream, limits.write_timeout)),
+                        TokioIo::new(StalledWrites::new(
+                            StrictLineEnds::new(stream),
+                            limits.write_timeout,
+                        )),
                         service,
                     );
                 tokio::pin!(conn);
