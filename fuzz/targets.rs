@@ -8,13 +8,20 @@
 //! - `hf_checkpoint`: config.json, a NUL byte, then model.safetensors;
 //! - `chat_template`: a Jinja chat template's text.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ferrum_formats::gguf::GgufFile;
 use ferrum_kernels::CpuBackend;
 use ferrum_models::{registry, DecoderOnlyLLM, KvManaged, KvPoolConfig, PagedLlm};
 use ferrum_tokenizer::chat::{ChatOptions, ChatTemplate, Message};
 use ferrum_tokenizer::Tokenizer;
+
+/// This process's folder for the files target `name` writes its input to.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ferrum-fuzz-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a scratch folder");
+    dir
+}
 
 /// A loaded model must also run: one short forward over its first tokens.
 fn forward(model: Box<dyn PagedLlm>) -> bool {

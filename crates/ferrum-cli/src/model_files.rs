@@ -165,25 +165,9 @@ impl ModelFiles {
             Self::HfDir(d) => Ok(registry::load_hf_dir::<B>(d, pool, &progress)?),
         });
         bar.finish_and_clear();
-        release_freed_memory();
+        // The loader's transient copies.
+        ferrum_types::release_freed_memory();
         model
-    }
-}
-
-/// Hands memory the loader freed back to the OS. Its transient copies go
-/// back to glibc's heap, which keeps them resident: after the first large
-/// free, glibc raises its mmap threshold, so later megabyte-sized buffers
-/// come from the heap and leave holes there when freed (on SmolLM2 about
-/// 170 MB on top of 96 MB of weights).
-fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        extern "C" {
-            fn malloc_trim(pad: usize) -> std::ffi::c_int;
-        }
-        // SAFETY: malloc_trim only returns free heap pages to the kernel;
-        // it is safe to call at any time from any thread.
-        unsafe { malloc_trim(0) };
     }
 }
 

@@ -60,14 +60,6 @@ pub fn hf_family(dir: &Path) -> Result<Family> {
     family(&read_model_type(dir.join("config.json"))?)
 }
 
-/// A decoder family's variant, or an error naming what `name` is instead.
-pub(crate) fn llama_arch(name: &str) -> Result<Arch> {
-    match family(name)? {
-        Family::Llama(a) => Ok(a),
-        Family::Bert => Err(not_a_decoder(name)),
-    }
-}
-
 fn not_a_decoder(name: &str) -> FerrumError {
     FerrumError::unsupported(format!(
         "architecture '{name}' is an encoder and is not supported for generation (it serves embeddings: ferrum embed, or /v1/embeddings)"
@@ -113,11 +105,12 @@ mod tests {
         for (name, fam) in architectures() {
             assert_eq!(family(name).ok(), Some(fam), "{name}");
         }
-        assert_eq!(llama_arch("gemma3_text").ok(), Some(Arch::Gemma3));
+        assert_eq!(Arch::from_name("gemma3_text").ok(), Some(Arch::Gemma3));
+        assert!(Arch::from_name("bert").is_err());
         let err = family("mamba").unwrap_err().to_string();
         assert!(err.contains("'mamba' is not supported"), "{err}");
         assert!(err.contains("qwen3") && err.contains("bert"), "{err}");
-        let err = llama_arch("bert").unwrap_err().to_string();
-        assert!(err.contains("encoder"), "{err}");
+        assert_eq!(family("bert").ok(), Some(Family::Bert));
+        assert!(not_a_decoder("bert").to_string().contains("encoder"));
     }
 }

@@ -89,8 +89,7 @@ fn run(name: &str, per_seed: usize, target: impl Fn(&[u8], &Path) -> bool) {
         .collect();
     seeds.sort();
     assert!(!seeds.is_empty(), "no seeds in {}", dir.display());
-    let scratch = std::env::temp_dir().join(format!("ferrum-fuzz-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch).expect("a scratch folder");
+    let scratch = targets::scratch(name);
     let mut m = Mutator(0x9e37_79b9_7f4a_7c15);
     let (mut runs, mut accepted) = (0, 0);
     for seed in &seeds {

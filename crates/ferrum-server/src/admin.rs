@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::error::ApiError;
 use crate::generation::render_chat;
-use crate::guard::off_reactor;
+use crate::guard::{body_len, off_reactor};
 use crate::protocol::{parse, DetokenizeRequest, TokenizeRequest};
 use crate::{Ready, Shared};
 
@@ -89,7 +89,9 @@ pub async fn tokenize(
     State(s): State<Shared>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    off_reactor(move || tokenize_now(&s, b)).await.map(Json)
+    off_reactor(body_len(&b), move || tokenize_now(&s, b))
+        .await
+        .map(Json)
 }
 
 fn tokenize_now(
@@ -125,7 +127,7 @@ pub async fn detokenize(
     State(s): State<Shared>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    off_reactor(move || {
+    off_reactor(body_len(&b), move || {
         let req: DetokenizeRequest = parse(&body(b)?)?;
         s.check_model(req.model.as_deref())?;
         let tok = tokenizer(s.ready()?);

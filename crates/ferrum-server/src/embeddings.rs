@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 use crate::admin::body;
 use crate::embed_worker::EmbedJob;
 use crate::error::ApiError;
-use crate::guard::off_reactor;
+use crate::guard::{body_len, off_reactor};
 use crate::protocol::{embedding_inputs, parse, EmbeddingRequest};
 use crate::{Ready, Shared};
 
@@ -68,7 +68,7 @@ pub async fn embeddings(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let shared = s.clone();
     let EmbedPrep { base64, prepared } =
-        off_reactor(move || prepare_embeddings(&shared, b)).await?;
+        off_reactor(body_len(&b), move || prepare_embeddings(&shared, b)).await?;
     let Ready::Embed { jobs, .. } = s.ready()? else {
         return Err(ApiError::invalid(
             "this server runs a generative model",

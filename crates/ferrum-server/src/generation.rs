@@ -23,7 +23,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::admin::body;
 use crate::error::ApiError;
-use crate::guard::off_reactor;
+use crate::guard::{body_len, off_reactor};
 use crate::protocol::{
     parse, reject_unknown, ChatMessage, ChatRequest, CompletionRequest, GenParams, Prompt,
 };
@@ -368,7 +368,7 @@ pub async fn chat(
         tools,
         prompt,
         constraint,
-    } = off_reactor(move || prepare_chat(&shared, b)).await?;
+    } = off_reactor(body_len(&b), move || prepare_chat(&shared, b)).await?;
     let prompt_tokens = prompt.len();
     let rx = submit(&s, prompt, "messages", &p, None, None, constraint)?;
     let id = s.request_id("chatcmpl");
@@ -600,7 +600,7 @@ pub async fn completions(
         tok,
         constraint,
         prompts,
-    } = off_reactor(move || prepare_completion(&shared, b)).await?;
+    } = off_reactor(body_len(&b), move || prepare_completion(&shared, b)).await?;
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
     // Only `echo` needs the prompts' text back.
     let echoes: Vec<String> = if echo {

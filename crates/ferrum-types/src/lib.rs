@@ -1,5 +1,6 @@
 //! Types shared by every Ferrum crate: the one error type, the ggml tensor
-//! types, the host tensor handle and the decode-execution interface.
+//! types, the host tensor handle and the decode-execution interface (and
+//! one piece of process hygiene, [`release_freed_memory`]).
 //!
 //! This crate sits at the bottom of the dependency graph
 //! (types -> kernels -> models -> engine -> server/cli) and depends on no
@@ -8,9 +9,11 @@
 mod decode_backend;
 mod error;
 mod ggml;
+mod memory;
 mod tensor;
 
 pub use decode_backend::DecodeBackend;
 pub use error::{FerrumError, Result};
 pub use ggml::GgmlType;
+pub use memory::release_freed_memory;
 pub use tensor::TensorRef;

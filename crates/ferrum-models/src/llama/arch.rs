@@ -9,6 +9,8 @@
 //! yet (a new attention or norm variant) is a field here and the code that
 //! honours it.
 
+use ferrum_types::{FerrumError, Result};
+
 /// The decoder-only architectures of the Llama shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
@@ -128,6 +130,21 @@ const DEEPSEEK: Traits = Traits {
 };
 
 impl Arch {
+    /// The variant named `name` (GGUF's or Hugging Face's spelling). The
+    /// registry names what another family's name is instead; a name that
+    /// reaches here unchecked gets this plainer error.
+    pub fn from_name(name: &str) -> Result<Arch> {
+        NAMES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, a)| a)
+            .ok_or_else(|| {
+                FerrumError::unsupported(format!(
+                    "architecture '{name}' is not supported by the Llama-family loader"
+                ))
+            })
+    }
+
     pub fn traits(self) -> Traits {
         match self {
             Arch::Llama => Traits {

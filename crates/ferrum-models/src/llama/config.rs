@@ -1,13 +1,12 @@
-//! The architecture description of a Llama-family model, read from GGUF
-//! metadata or a Hugging Face `config.json`.
+//! The architecture description of a Llama-family model, read from a
+//! Hugging Face `config.json` here and from GGUF metadata in
+//! `gguf_config.rs`.
 
-use ferrum_formats::gguf::GgufFile;
 use ferrum_formats::hf_config::HfConfig;
 use ferrum_types::{FerrumError, Result};
 
 use super::arch::Arch;
-use crate::registry::llama_arch;
-use crate::rope::{long_rope_attn_factor, yarn_mscale, yarn_softmax_scale, RopeScaling, RopeSpec};
+use crate::rope::{yarn_softmax_scale, RopeScaling, RopeSpec};
 
 /// A mixture-of-experts MLP: a router picks `top_k` of `experts` gated
 /// MLPs per token and mixes their outputs by its softmax weights.
@@ -227,86 +226,12 @@ pub struct LlamaConfig {
     pub mla: Option<MlaConfig>,
 }
 
-/// Per-pair RoPE frequency factors stored as a GGUF tensor, if the file
-/// has `name`: `rotary / 2` positive f32 values (Llama 3.1+'s
-/// `rope_freqs.weight`, Phi-3's `rope_factors_long/short.weight`).
-fn rope_factors(g: &GgufFile, name: &str, rotary: usize) -> Result<Option<Vec<f32>>> {
-    let Some(t) = g.tensor(name) else {
-        return Ok(None);
-    };
-    if t.numel() != (rotary / 2) as u64 {
-        return Err(g.error(format!(
-            "{name} has {} values; {rotary} rotary dims need {}",
-            t.numel(),
-            rotary / 2
-        )));
-    }
-    let mut f = vec![0f32; rotary / 2];
-    ferrum_kernels::quant::dequantize(t.ty, g.tensor_data(t), &mut f)
-        .map_err(|e| g.error(format!("{name}: {e}")))?;
-    if let Some(v) = f.iter().find(|v| !(v.is_finite() && **v > 0.0)) {
-        return Err(g.error(format!("{name} holds {v}; its factors must be positive")));
-    }
-    Ok(Some(f))
-}
-
-/// YaRN from llama.cpp's `rope.scaling.*` keys, read as llama.cpp reads
-/// them: cos/sin scaled by `0.1 ln factor + 1`, except in DeepSeek files
-/// (`yarn_log_multiplier`, written as `0.1 · mscale_all_dim`), whose
-/// converter assumes `mscale = mscale_all_dim`, so the two magnitude terms
-/// cancel (the softmax scale takes them instead: [`gguf_softmax_scale`]).
-/// An explicit `yarn_attn_factor` wins, as transformers' `attention_factor`
-/// does; `attn_factor` multiplies the result, as in llama.cpp.
-fn gguf_yarn(g: &GgufFile, name: &str, arch: Arch) -> Result<RopeScaling> {
-    let key = |k: &str| format!("{name}.rope.scaling.{k}");
-    let f = |k: &str| g.get_f64(&key(k)).ok();
-    let factor = f("factor").unwrap_or(1.0);
-    let ctx = g.get_u64(&format!("{name}.context_length")).unwrap_or(4096) as usize;
-    let orig = g
-        .get_u64(&key("original_context_length"))
-        .map_or(ctx, |v| v as usize);
-    if !(factor.is_finite() && factor > 0.0 && orig > 0) {
-        return Err(g.error(format!(
-            "yarn factor {factor} over {orig} positions is not valid"
-        )));
-    }
-    let deepseek_log_mul = arch.traits().latent_attention && f("yarn_log_multiplier").is_some();
-    let attn_factor = match f("yarn_attn_factor") {
-        Some(a) => a,
-        None if deepseek_log_mul => 1.0,
-        None => yarn_mscale(factor, 1.0),
-    } * f("attn_factor").unwrap_or(1.0);
-    Ok(RopeScaling::Yarn {
-        factor: factor as f32,
-        original_max_position: orig,
-        beta_fast: f("yarn_beta_fast").unwrap_or(32.0) as f32,
-        beta_slow: f("yarn_beta_slow").unwrap_or(1.0) as f32,
-        truncate: true,
-        attn_factor: attn_factor as f32,
-    })
-}
-
-/// DeepSeek's YaRN softmax multiplier `mscale(factor, mscale_all_dim)²`
-/// from a GGUF file (`yarn_log_multiplier` holds `0.1 · mscale_all_dim`),
-/// 1 without YaRN.
-fn gguf_softmax_scale(g: &GgufFile, name: &str) -> f32 {
-    let key = |k: &str| format!("{name}.rope.scaling.{k}");
-    let yarn = g.get(&key("type")).and_then(|v| v.as_str()) == Some("yarn");
-    match (yarn, g.get_f64(&key("yarn_log_multiplier"))) {
-        (true, Ok(m)) => {
-            let factor = g.get_f64(&key("factor")).unwrap_or(1.0);
-            yarn_mscale(factor, m / 0.1).powi(2) as f32
-        }
-        _ => 1.0,
-    }
-}
-
 fn bad(what: impl Into<String>) -> FerrumError {
     FerrumError::invalid(what.into())
 }
 
 impl LlamaConfig {
-    fn check(self) -> Result<Self> {
+    pub(super) fn check(self) -> Result<Self> {
         if self.heads == 0 || self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
             return Err(bad(format!(
                 "{} heads cannot be grouped over {} KV heads",
@@ -472,7 +397,7 @@ impl LlamaConfig {
 
     /// From a Hugging Face config; `model_type` selects the variant.
     pub fn from_hf(c: &HfConfig) -> Result<Self> {
-        let arch = llama_arch(&c.model_type)?;
+        let arch = Arch::from_name(&c.model_type)?;
         check_architectures(c, arch)?;
         let head_dim = c.head_dim();
         let max_seq_len = c.max_position_embeddings.unwrap_or(4096);
@@ -604,220 +529,6 @@ impl LlamaConfig {
         self.rotary_dims = mla.rope;
         self.mla = Some(mla);
         Ok(self)
-    }
-
-    /// From GGUF metadata (`{arch}.*` keys, named as llama.cpp writes them).
-    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
-        let name = g.architecture()?.to_string();
-        let arch = llama_arch(&name).map_err(|e| g.error(e.to_string()))?;
-        let key = |k: &str| format!("{name}.{k}");
-        let u = |k: &str| g.get_u64(&key(k)).map(|v| v as usize);
-        let hidden = u("embedding_length")?;
-        let heads = u("attention.head_count")?;
-        let head_dim = u("attention.key_length").unwrap_or(hidden / heads.max(1));
-        let layers = u("block_count")?;
-        let vocab = match g.get(&key("vocab_size")).and_then(|v| v.as_u64()) {
-            Some(v) => v as usize,
-            None => g
-                .get("tokenizer.ggml.tokens")
-                .and_then(|t| t.as_array())
-                .map(|a| a.len())
-                .ok_or_else(|| {
-                    g.error("neither vocab_size nor tokenizer.ggml.tokens is present")
-                })?,
-        };
-        // Sizes before anything is sized from them (a corrupt count must
-        // be an error, not an allocation that aborts), and the layer count
-        // against the layers the file holds.
-        {
-            use ferrum_formats::sizes::{self, *};
-            let opt = |k: &str| u(k).unwrap_or(0);
-            sizes::check(&[
-                ("block_count", layers, MAX_LAYERS),
-                ("embedding_length", hidden, MAX_HIDDEN),
-                ("attention.head_count", heads, MAX_HEADS),
-                (
-                    "attention.head_count_kv",
-                    opt("attention.head_count_kv"),
-                    MAX_HEADS,
-                ),
-                ("attention.key_length", head_dim, MAX_HEAD_DIM),
-                ("vocab_size", vocab, MAX_VOCAB),
-                (
-                    "feed_forward_length",
-                    opt("feed_forward_length"),
-                    MAX_INTERMEDIATE,
-                ),
-                ("context_length", opt("context_length"), MAX_POSITIONS),
-                ("expert_count", opt("expert_count"), MAX_EXPERTS),
-                ("expert_used_count", opt("expert_used_count"), MAX_EXPERTS),
-                (
-                    "attention.sliding_window",
-                    opt("attention.sliding_window"),
-                    MAX_POSITIONS,
-                ),
-            ])
-            .map_err(|e| g.error(e))?;
-            let last = format!("blk.{}.", layers.saturating_sub(1));
-            if layers == 0 || !g.tensors().iter().any(|t| t.name.starts_with(&last)) {
-                return Err(g.error(format!(
-                    "block_count {layers} is more layers than the file holds"
-                )));
-            }
-            for (k, default) in [
-                ("rope.freq_base", 10_000.0),
-                ("attention.layer_norm_rms_epsilon", 1e-6),
-            ] {
-                let v = g.get_f64(&key(k)).unwrap_or(default);
-                sizes::positive(&key(k), v).map_err(|e| g.error(e))?;
-            }
-        }
-        let theta = g.get_f64(&key("rope.freq_base")).unwrap_or(10_000.0) as f32;
-        let rotary = u("rope.dimension_count").unwrap_or(head_dim);
-        let long_rope = (
-            rope_factors(g, "rope_factors_short.weight", rotary)?,
-            rope_factors(g, "rope_factors_long.weight", rotary)?,
-        );
-        let scaling = match (
-            g.get(&key("rope.scaling.type")).and_then(|v| v.as_str()),
-            long_rope,
-        ) {
-            (Some("linear"), _) => RopeScaling::Linear {
-                factor: g.get_f64(&key("rope.scaling.factor")).unwrap_or(1.0) as f32,
-            },
-            (Some("yarn"), _) => gguf_yarn(g, &name, arch)?,
-            (_, (Some(short), Some(long))) => {
-                let ctx = u("context_length").unwrap_or(4096);
-                let orig = u("rope.scaling.original_context_length").unwrap_or(ctx);
-                RopeScaling::LongRope {
-                    short,
-                    long,
-                    original_max_position: orig,
-                    attn_factor: g
-                        .get_f64(&key("rope.scaling.attn_factor"))
-                        .map(|f| f as f32)
-                        .unwrap_or_else(|_| long_rope_attn_factor(ctx as f64 / orig as f64, orig)),
-                }
-            }
-            _ => match rope_factors(g, "rope_freqs.weight", head_dim)? {
-                Some(f) => RopeScaling::Factors(f),
-                None => RopeScaling::None,
-            },
-        };
-        let t = arch.traits();
-        let gemma = t.gemma;
-        let experts = u("expert_count").unwrap_or(0);
-        let moe = if experts > 0 {
-            let eim = u("expert_feed_forward_length").or_else(|_| u("feed_forward_length"))?;
-            Some(MoeConfig {
-                experts,
-                top_k: u("expert_used_count")?,
-                intermediate: eim,
-                // llama.cpp renormalises for Mixtral and Qwen3-MoE; its
-                // DeepSeek files say so when they do.
-                norm_top_k: g
-                    .get(&key("expert_weights_norm"))
-                    .and_then(|v| v.as_bool())
-                    .unwrap_or(!t.latent_attention),
-                sparse: (0..layers)
-                    .map(|i| g.tensor(&format!("blk.{i}.ffn_gate_inp.weight")).is_some())
-                    .collect(),
-                routed_scale: g.get_f64(&key("expert_weights_scale")).unwrap_or(1.0) as f32,
-                shared_intermediate: u("expert_shared_count")
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .map(|n| n * eim),
-                groups: match (u("expert_group_count"), u("expert_group_used_count")) {
-                    (Ok(g), Ok(k)) if g > 1 => Some((g, k)),
-                    _ => None,
-                },
-                // llama.cpp's `expert_gating_func`: 1 softmax, 2 sigmoid.
-                scoring: match u("expert_gating_func").unwrap_or(1) {
-                    1 => Scoring::Softmax,
-                    2 => Scoring::Sigmoid,
-                    other => {
-                        return Err(g.error(format!(
-                            "expert_gating_func {other} is not supported (1 softmax, 2 sigmoid)"
-                        )))
-                    }
-                },
-            })
-        } else {
-            None
-        };
-        let mla = if t.latent_attention {
-            let rope = u("rope.dimension_count")?;
-            let qk = u("attention.key_length_mla")?;
-            if qk <= rope {
-                return Err(g.error(format!(
-                    "key_length_mla {qk} leaves no room beside {rope} rope dims"
-                )));
-            }
-            Some(MlaConfig {
-                // Absent in DeepSeek-V2-Lite files (a plain `attn_q`).
-                q_lora_rank: u("attention.q_lora_rank").ok().filter(|&r| r > 0),
-                kv_lora_rank: u("attention.kv_lora_rank")?,
-                nope: qk - rope,
-                rope,
-                v: u("attention.value_length_mla")?,
-                rope_interleaved: true,
-            })
-        } else {
-            None
-        };
-        let sliding_window = u("attention.sliding_window").unwrap_or(0);
-        let sliding = (0..layers)
-            .map(|i| sliding_window > 0 && t.gguf_windows.slides(i))
-            .collect();
-        Self {
-            arch,
-            hidden,
-            // MoE files may give only the experts' width.
-            intermediate: u("feed_forward_length").or_else(|_| u("expert_feed_forward_length"))?,
-            layers,
-            heads,
-            kv_heads: u("attention.head_count_kv").unwrap_or(heads),
-            head_dim,
-            rotary_dims: u("rope.dimension_count").unwrap_or(head_dim),
-            vocab,
-            max_seq_len: u("context_length").unwrap_or(4096),
-            rms_eps: g
-                .get_f64(&key("attention.layer_norm_rms_epsilon"))
-                .unwrap_or(1e-6) as f32,
-            rope: RopeSpec { theta, scaling },
-            // llama.cpp hard-codes Gemma 3's local base.
-            rope_local: t.local_rope.then(|| RopeSpec::plain(10_000.0)),
-            sliding_window,
-            sliding,
-            qkv_bias: g.tensor("blk.0.attn_q.bias").is_some(),
-            o_bias: g.tensor("blk.0.attn_output.bias").is_some(),
-            mlp_bias: g.tensor("blk.0.ffn_down.bias").is_some(),
-            tied_head: g.tensor("output.weight").is_none(),
-            qk_norm: g.tensor("blk.0.attn_q_norm.weight").is_some(),
-            attn_scale: match &mla {
-                Some(m) => gguf_softmax_scale(g, &name) / ((m.nope + m.rope) as f32).sqrt(),
-                None => 1.0 / (head_dim as f32).sqrt(),
-            },
-            embed_scale: gemma.then(|| (hidden as f32).sqrt()),
-            sandwich_norms: gemma,
-            act: if gemma {
-                Activation::GeluTanh
-            } else {
-                Activation::Silu
-            },
-            final_softcap: g
-                .get_f64(&key("final_logit_softcapping"))
-                .ok()
-                .map(|v| v as f32),
-            attn_softcap: g
-                .get_f64(&key("attn_logit_softcapping"))
-                .ok()
-                .map(|v| v as f32),
-            moe,
-            mla,
-        }
-        .check()
-        .map_err(|e| g.error(e.to_string()))
     }
 }
 

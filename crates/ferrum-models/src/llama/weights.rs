@@ -124,160 +124,233 @@ impl<B: Backend> Weights<B> {
     /// each of the `layers + 1` parts (the layers, then embedding and head)
     /// is ready, so a caller can show how far a large model has come.
     pub fn load(src: &Source, cfg: &LlamaConfig, progress: &LoadProgress<'_>) -> Result<Self> {
-        let (h, hd, nh, nkv) = (cfg.hidden, cfg.head_dim, cfg.heads, cfg.kv_heads);
-        let (qd, kvd, im) = (nh * hd, nkv * hd, cfg.intermediate);
-        let gguf = matches!(src, Source::Gguf(_));
-        // HF Gemma stores norm weights as offsets from 1 (GGUF already adds it).
-        let traits = cfg.arch.traits();
-        let norm_shift = if traits.gemma && !gguf { 1.0 } else { 0.0 };
-        let permuted = gguf && traits.gguf_permuted_qk;
-        let norm = |name: &str, n: usize| -> Result<B::Buffer> {
-            let v: Vec<f32> = vector(src, name, n)?
-                .into_iter()
-                .map(|x| x + norm_shift)
-                .collect();
-            Ok(B::from_slice(&v))
-        };
-        let name = |role, i| layer_name(src, cfg.arch, role, i);
-        let (embed_name, norm_name, head_name) = match src {
-            Source::Gguf(_) => ("token_embd.weight", "output_norm.weight", "output.weight"),
-            Source::Hf(..) => (
-                "model.embed_tokens.weight",
-                "model.norm.weight",
-                "lm_head.weight",
-            ),
-        };
+        let loader = Loader::new(src, cfg);
         let mut layers = Vec::with_capacity(cfg.layers);
         for i in 0..cfg.layers {
-            use Role::*;
-            let (qkv, mla, o_in) = if let Some(m) = &cfg.mla {
-                let mla = load_mla(src, m, i, h, nh)?;
-                (None, Some(mla), nh * m.v)
-            } else {
-                let (mut q, mut k, v) = if traits.fused_projections {
-                    let fused = require(src, &name(QkvFused, i), &[qd + 2 * kvd, h])?;
-                    let [q, k, v]: [Raw; 3] = fused
-                        .split_rows(qd + 2 * kvd, &[qd, kvd, kvd])
-                        .try_into()
-                        .map_err(|_| FerrumError::invalid("qkv split into other than 3 parts"))?;
-                    (q, k, v)
-                } else {
-                    (
-                        require(src, &name(Q, i), &[qd, h])?,
-                        require(src, &name(K, i), &[kvd, h])?,
-                        require(src, &name(V, i), &[kvd, h])?,
-                    )
-                };
-                if permuted {
-                    q = q.permute_rows(qd, gguf_row_of(hd));
-                    k = k.permute_rows(kvd, gguf_row_of(hd));
-                }
-                if cfg.rotary_dims < hd {
-                    q = q.permute_rows(qd, partial_rotary_row_of(hd, cfg.rotary_dims));
-                    k = k.permute_rows(kvd, partial_rotary_row_of(hd, cfg.rotary_dims));
-                }
-                let bias = if cfg.qkv_bias {
-                    let mut qb = vector(src, &name(QBias, i), qd)?;
-                    let mut kb = vector(src, &name(KBias, i), kvd)?;
-                    if permuted {
-                        qb = gather_rows(&qb, qd, &gguf_row_of(hd));
-                        kb = gather_rows(&kb, kvd, &gguf_row_of(hd));
-                    }
-                    Some([qb, kb, vector(src, &name(VBias, i), kvd)?])
-                } else {
-                    None
-                };
-                let qkv = match fuse(vec![(q, qd), (k, kvd), (v, kvd)]) {
-                    Ok(w) => Qkv::Fused {
-                        w: Linear::upload(w, qd + 2 * kvd, h)?,
-                        bias: bias.map(|b| B::from_slice(&b.concat())),
-                    },
-                    Err(parts) => {
-                        let [q, k, v]: [(Raw, usize); 3] = parts.try_into().map_err(|_| {
-                            FerrumError::invalid("fuse returned other than 3 parts")
-                        })?;
-                        Qkv::Split {
-                            parts: [
-                                Linear::upload(q.0, q.1, h)?,
-                                Linear::upload(k.0, k.1, h)?,
-                                Linear::upload(v.0, v.1, h)?,
-                            ],
-                            bias: bias.map(|b| b.map(|b| B::from_slice(&b))),
-                        }
-                    }
-                };
-                (Some(qkv), None, qd)
-            };
-            let mlp = match &cfg.moe {
-                Some(m) if m.sparse[i] => Mlp::Moe(load_moe(src, cfg.arch, m, i, h)?),
-                _ => {
-                    let gate_up = if traits.fused_projections {
-                        require(src, &name(GateUpFused, i), &[2 * im, h])?
-                    } else {
-                        fuse_or_f32(
-                            vec![
-                                (require(src, &name(Gate, i), &[im, h])?, im),
-                                (require(src, &name(Up, i), &[im, h])?, im),
-                            ],
-                            h,
-                        )?
-                    };
-                    let bias = if cfg.mlp_bias {
-                        let gate_up = [
-                            vector(src, &name(GateBias, i), im)?,
-                            vector(src, &name(UpBias, i), im)?,
-                        ]
-                        .concat();
-                        let down = vector(src, &name(DownBias, i), h)?;
-                        Some([B::from_slice(&gate_up), B::from_slice(&down)])
-                    } else {
-                        None
-                    };
-                    Mlp::Dense(Expert {
-                        gate_up: Linear::upload(gate_up, 2 * im, h)?,
-                        down: Linear::upload(require(src, &name(Down, i), &[h, im])?, h, im)?,
-                        bias,
-                    })
-                }
-            };
-            let opt_norm =
-                |role, n| -> Result<Option<B::Buffer>> { Ok(Some(norm(&name(role, i), n)?)) };
-            layers.push(LayerWeights {
-                attn_norm: norm(&name(AttnNorm, i), h)?,
-                qkv,
-                mla,
-                o: Linear::upload(require(src, &name(O, i), &[h, o_in])?, h, o_in)?,
-                o_bias: if cfg.o_bias {
-                    Some(B::from_slice(&vector(src, &name(OBias, i), h)?))
-                } else {
-                    None
-                },
-                q_norm: if cfg.qk_norm {
-                    opt_norm(QNorm, hd)?
-                } else {
-                    None
-                },
-                k_norm: if cfg.qk_norm {
-                    opt_norm(KNorm, hd)?
-                } else {
-                    None
-                },
-                post_attn_norm: if cfg.sandwich_norms {
-                    opt_norm(PostAttnNorm, h)?
-                } else {
-                    None
-                },
-                ffn_norm: norm(&name(FfnNorm, i), h)?,
-                post_ffn_norm: if cfg.sandwich_norms {
-                    opt_norm(PostFfnNorm, h)?
-                } else {
-                    None
-                },
-                mlp,
-            });
+            layers.push(loader.layer(i)?);
             progress(i + 1, cfg.layers + 1);
         }
-        let embed_raw = require(src, embed_name, &[cfg.vocab, h])?;
+        let (embed, lm_head) = loader.embedding_and_head()?;
+        let final_norm = loader.norm::<B>(loader.names.final_norm, cfg.hidden)?;
+        progress(cfg.layers + 1, cfg.layers + 1);
+        Ok(Self {
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+        })
+    }
+}
+
+/// The tensor names outside the layers, per format.
+struct TopNames {
+    embed: &'static str,
+    final_norm: &'static str,
+    head: &'static str,
+}
+
+/// What loading one checkpoint's weights needs at every step: where they
+/// come from, the config, and the format's conventions.
+struct Loader<'a> {
+    src: &'a Source<'a>,
+    cfg: &'a LlamaConfig,
+    names: TopNames,
+    /// HF Gemma stores norm weights as offsets from 1 (GGUF already adds it).
+    norm_shift: f32,
+    /// Q and K rows in ggml's interleaved RoPE order, to be put back.
+    permuted: bool,
+    fused_projections: bool,
+}
+
+impl<'a> Loader<'a> {
+    fn new(src: &'a Source<'a>, cfg: &'a LlamaConfig) -> Self {
+        let gguf = matches!(src, Source::Gguf(_));
+        let traits = cfg.arch.traits();
+        let names = match src {
+            Source::Gguf(_) => TopNames {
+                embed: "token_embd.weight",
+                final_norm: "output_norm.weight",
+                head: "output.weight",
+            },
+            Source::Hf(..) => TopNames {
+                embed: "model.embed_tokens.weight",
+                final_norm: "model.norm.weight",
+                head: "lm_head.weight",
+            },
+        };
+        Self {
+            src,
+            cfg,
+            names,
+            norm_shift: if traits.gemma && !gguf { 1.0 } else { 0.0 },
+            permuted: gguf && traits.gguf_permuted_qk,
+            fused_projections: traits.fused_projections,
+        }
+    }
+
+    fn name(&self, role: Role, layer: usize) -> String {
+        layer_name(self.src, self.cfg.arch, role, layer)
+    }
+
+    fn norm<B: Backend>(&self, name: &str, n: usize) -> Result<B::Buffer> {
+        let v: Vec<f32> = vector(self.src, name, n)?
+            .into_iter()
+            .map(|x| x + self.norm_shift)
+            .collect();
+        Ok(B::from_slice(&v))
+    }
+
+    /// Layer `i`'s norm of `role` where the config has one.
+    fn norm_if<B: Backend>(
+        &self,
+        has: bool,
+        role: Role,
+        i: usize,
+        n: usize,
+    ) -> Result<Option<B::Buffer>> {
+        has.then(|| self.norm::<B>(&self.name(role, i), n))
+            .transpose()
+    }
+
+    /// Layer `i`'s bias vector of `role` where the config has one.
+    fn bias_if<B: Backend>(
+        &self,
+        has: bool,
+        role: Role,
+        i: usize,
+        n: usize,
+    ) -> Result<Option<B::Buffer>> {
+        has.then(|| Ok(B::from_slice(&vector(self.src, &self.name(role, i), n)?)))
+            .transpose()
+    }
+
+    fn layer<B: Backend>(&self, i: usize) -> Result<LayerWeights<B>> {
+        let cfg = self.cfg;
+        let (h, hd, nh) = (cfg.hidden, cfg.head_dim, cfg.heads);
+        let (qkv, mla, o_in) = match &cfg.mla {
+            Some(m) => (None, Some(load_mla(self.src, m, i, h, nh)?), nh * m.v),
+            None => (Some(self.qkv(i)?), None, nh * hd),
+        };
+        let mlp = match &cfg.moe {
+            Some(m) if m.sparse[i] => Mlp::Moe(load_moe(self.src, cfg.arch, m, i, h)?),
+            _ => Mlp::Dense(self.dense_mlp(i)?),
+        };
+        let o = require(self.src, &self.name(Role::O, i), &[h, o_in])?;
+        Ok(LayerWeights {
+            attn_norm: self.norm::<B>(&self.name(Role::AttnNorm, i), h)?,
+            qkv,
+            mla,
+            o: Linear::upload(o, h, o_in)?,
+            o_bias: self.bias_if::<B>(cfg.o_bias, Role::OBias, i, h)?,
+            q_norm: self.norm_if::<B>(cfg.qk_norm, Role::QNorm, i, hd)?,
+            k_norm: self.norm_if::<B>(cfg.qk_norm, Role::KNorm, i, hd)?,
+            post_attn_norm: self.norm_if::<B>(cfg.sandwich_norms, Role::PostAttnNorm, i, h)?,
+            ffn_norm: self.norm::<B>(&self.name(Role::FfnNorm, i), h)?,
+            post_ffn_norm: self.norm_if::<B>(cfg.sandwich_norms, Role::PostFfnNorm, i, h)?,
+            mlp,
+        })
+    }
+
+    /// Layer `i`'s Q, K and V projections (and biases), their rows in the
+    /// order the attention kernels expect, fused into one where they can be.
+    fn qkv<B: Backend>(&self, i: usize) -> Result<Qkv<B>> {
+        use Role::*;
+        let cfg = self.cfg;
+        let (h, hd) = (cfg.hidden, cfg.head_dim);
+        let (qd, kvd) = (cfg.heads * hd, cfg.kv_heads * hd);
+        let src = self.src;
+        let (mut q, mut k, v) = if self.fused_projections {
+            let fused = require(src, &self.name(QkvFused, i), &[qd + 2 * kvd, h])?;
+            let [q, k, v]: [Raw; 3] = fused
+                .split_rows(qd + 2 * kvd, &[qd, kvd, kvd])
+                .try_into()
+                .map_err(|_| FerrumError::invalid("qkv split into other than 3 parts"))?;
+            (q, k, v)
+        } else {
+            (
+                require(src, &self.name(Q, i), &[qd, h])?,
+                require(src, &self.name(K, i), &[kvd, h])?,
+                require(src, &self.name(V, i), &[kvd, h])?,
+            )
+        };
+        if self.permuted {
+            q = q.permute_rows(qd, gguf_row_of(hd));
+            k = k.permute_rows(kvd, gguf_row_of(hd));
+        }
+        if cfg.rotary_dims < hd {
+            q = q.permute_rows(qd, partial_rotary_row_of(hd, cfg.rotary_dims));
+            k = k.permute_rows(kvd, partial_rotary_row_of(hd, cfg.rotary_dims));
+        }
+        let bias = if cfg.qkv_bias {
+            let mut qb = vector(src, &self.name(QBias, i), qd)?;
+            let mut kb = vector(src, &self.name(KBias, i), kvd)?;
+            if self.permuted {
+                qb = gather_rows(&qb, qd, &gguf_row_of(hd));
+                kb = gather_rows(&kb, kvd, &gguf_row_of(hd));
+            }
+            Some([qb, kb, vector(src, &self.name(VBias, i), kvd)?])
+        } else {
+            None
+        };
+        Ok(match fuse(vec![(q, qd), (k, kvd), (v, kvd)]) {
+            Ok(w) => Qkv::Fused {
+                w: Linear::upload(w, qd + 2 * kvd, h)?,
+                bias: bias.map(|b| B::from_slice(&b.concat())),
+            },
+            Err(parts) => {
+                let [q, k, v]: [(Raw, usize); 3] = parts
+                    .try_into()
+                    .map_err(|_| FerrumError::invalid("fuse returned other than 3 parts"))?;
+                Qkv::Split {
+                    parts: [
+                        Linear::upload(q.0, q.1, h)?,
+                        Linear::upload(k.0, k.1, h)?,
+                        Linear::upload(v.0, v.1, h)?,
+                    ],
+                    bias: bias.map(|b| b.map(|b| B::from_slice(&b))),
+                }
+            }
+        })
+    }
+
+    /// Layer `i`'s gated MLP, gate and up fused into one projection.
+    fn dense_mlp<B: Backend>(&self, i: usize) -> Result<Expert<B>> {
+        use Role::*;
+        let (h, im, src) = (self.cfg.hidden, self.cfg.intermediate, self.src);
+        let gate_up = if self.fused_projections {
+            require(src, &self.name(GateUpFused, i), &[2 * im, h])?
+        } else {
+            fuse_or_f32(
+                vec![
+                    (require(src, &self.name(Gate, i), &[im, h])?, im),
+                    (require(src, &self.name(Up, i), &[im, h])?, im),
+                ],
+                h,
+            )?
+        };
+        let bias = if self.cfg.mlp_bias {
+            let gate_up = [
+                vector(src, &self.name(GateBias, i), im)?,
+                vector(src, &self.name(UpBias, i), im)?,
+            ]
+            .concat();
+            let down = vector(src, &self.name(DownBias, i), h)?;
+            Some([B::from_slice(&gate_up), B::from_slice(&down)])
+        } else {
+            None
+        };
+        Ok(Expert {
+            gate_up: Linear::upload(gate_up, 2 * im, h)?,
+            down: Linear::upload(require(src, &self.name(Down, i), &[h, im])?, h, im)?,
+            bias,
+        })
+    }
+
+    /// The embedding table and the output head (`None`: the tied table).
+    fn embedding_and_head<B: Backend>(&self) -> Result<(Embedding<B>, Option<Linear<B>>)> {
+        let (cfg, src, h) = (self.cfg, self.src, self.cfg.hidden);
+        let head_name = self.names.head;
+        let embed_raw = require(src, self.names.embed, &[cfg.vocab, h])?;
         let head = match (src, cfg.tied_head) {
             (_, true) => None,
             (Source::Hf(..), false) => {
@@ -290,7 +363,7 @@ impl<B: Backend> Weights<B> {
             }
             (Source::Gguf(_), false) => read(src, head_name, &[cfg.vocab, h])?,
         };
-        let (embed, lm_head) = match (embed_raw, head) {
+        Ok(match (embed_raw, head) {
             (Raw::Blocks { bytes, ty }, head) => {
                 let row_bytes = bytes.len() / cfg.vocab;
                 let lm_head = match head {
@@ -338,14 +411,6 @@ impl<B: Backend> Weights<B> {
                     }
                 }
             }
-        };
-        let final_norm = norm(norm_name, h)?;
-        progress(cfg.layers + 1, cfg.layers + 1);
-        Ok(Self {
-            embed,
-            layers,
-            final_norm,
-            lm_head,
         })
     }
 }
