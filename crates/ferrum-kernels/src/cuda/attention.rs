@@ -5,9 +5,9 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
-use super::{device, i, linear, per_row, scratch, CudaContext};
+use super::{device, i, launch, linear, per_row, scratch, CudaContext};
 use crate::backend::{AttnConfig, AttnSegment, PagedKv, QkMode};
 
 /// Key splits of a decode step (flash-decoding): one per 256 keys of the
@@ -121,9 +121,8 @@ pub(super) fn attend(
         block_dim: (128, 1, 1),
         shared_mem_bytes: (2 * tile * hd * 4) as u32,
     };
-    launch!(
+    launch::attention(
         ctx,
-        "attention",
         lc,
         q,
         k_pool,
@@ -132,16 +131,16 @@ pub(super) fn attend(
         &mut *part,
         &seg_words,
         &tables,
-        &i(qblocks),
-        &i(nh),
-        &i(nkv),
-        &i(hd),
-        &i(bs),
-        &i(cfg.causal as usize),
-        &cfg.scale,
-        &i(cfg.sliding_window),
-        &i(tile),
-        &cfg.softcap
+        i(qblocks),
+        i(nh),
+        i(nkv),
+        i(hd),
+        i(bs),
+        i(cfg.causal as usize),
+        cfg.scale,
+        i(cfg.sliding_window),
+        i(tile),
+        cfg.softcap,
     );
     if splits > 1 {
         let lc = LaunchConfig {
@@ -149,17 +148,7 @@ pub(super) fn attend(
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        launch!(
-            ctx,
-            "attention_combine",
-            lc,
-            &*part,
-            out,
-            &seg_words,
-            &i(nh),
-            &i(splits),
-            &i(hd)
-        );
+        launch::attention_combine(ctx, lc, &*part, out, &seg_words, i(nh), i(splits), i(hd));
     }
 }
 
@@ -229,9 +218,8 @@ pub(super) fn append(
         return;
     };
     let (seg_words, tables) = words.split_at(5);
-    launch!(
+    launch::paged_kv_append(
         ctx,
-        "paged_kv_append",
         linear(nkv * n * hd),
         k_pool,
         v_pool,
@@ -239,10 +227,10 @@ pub(super) fn append(
         new_v,
         &seg_words,
         &tables,
-        &i(n),
-        &i(nkv),
-        &i(hd),
-        &i(pages.block_size)
+        i(n),
+        i(nkv),
+        i(hd),
+        i(pages.block_size),
     );
 }
 
@@ -280,9 +268,8 @@ pub(super) fn rows_qkv(
     };
     let (seg_words, tables) = words.split_at(5 * segs.len());
     let threads = (hd / 2).div_ceil(32).clamp(1, 32) as u32 * 32;
-    launch!(
+    launch::rows_qkv(
         ctx,
-        "rows_qkv",
         per_row(segs.len() * (nh + 2 * nkv), threads),
         q,
         k,
@@ -296,11 +283,11 @@ pub(super) fn rows_qkv(
         v_pool,
         &seg_words,
         &tables,
-        &i(nh),
-        &i(nkv),
-        &i(hd),
-        &i(segs[0].pages.block_size),
-        &eps,
-        &(mode as i32)
+        i(nh),
+        i(nkv),
+        i(hd),
+        i(segs[0].pages.block_size),
+        eps,
+        mode as i32,
     );
 }

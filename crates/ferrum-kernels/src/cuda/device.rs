@@ -5,7 +5,6 @@
 //! `Backend`'s buffer functions (`alloc`, `from_slice`) take no handle, so
 //! the device is a global chosen once by [`super::CudaBackend::init`].
 
-use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -25,6 +24,14 @@ pub(crate) const SOURCE: &str = concat!(
     include_str!("kernels/dequant.cu"),
     include_str!("kernels/mmvq.cu"),
 );
+
+/// What NVRTC compiles: [`SOURCE`], then every kernel's declaration as
+/// `launch.rs` types it, so a launch that disagrees with its kernel's
+/// signature fails to compile.
+pub(crate) fn full_source() -> &'static str {
+    static FULL: OnceLock<String> = OnceLock::new();
+    FULL.get_or_init(|| format!("{SOURCE}\n{}", super::launch::declarations()))
+}
 
 /// Compile-time constants of the quantized GEMV (`MMVQ_*` in mmvq.cu) that
 /// the host must know to launch it. The defaults are the source's;
@@ -93,7 +100,8 @@ pub(crate) struct Device {
     /// (`FERRUM_CUDA_MMVQ_ROWS`, default `gemm::MMVQ_MAX_ROWS`).
     pub mmvq_rows: usize,
     pub blas: CudaBlas,
-    pub funcs: HashMap<String, CudaFunction>,
+    /// The kernels, in `launch::names` order.
+    pub funcs: Vec<CudaFunction>,
     /// Dequantized weights for `gemm_quant` at m > 8, reused across calls
     /// (stream order makes reuse safe).
     pub scratch: Mutex<Option<CudaSlice<f32>>>,
@@ -150,7 +158,7 @@ fn options(arch: (i32, i32), tune: Tune) -> Vec<String> {
 /// The cache file of the kernels built with `options`, named after the
 /// source and options.
 fn cache_path(options: &[String]) -> PathBuf {
-    let key = fnv(&format!("{SOURCE}{}", options.join(" ")));
+    let key = fnv(&format!("{}{}", full_source(), options.join(" ")));
     let arch = options
         .iter()
         .find_map(|o| o.strip_prefix("--gpu-architecture="))
@@ -158,8 +166,9 @@ fn cache_path(options: &[String]) -> PathBuf {
     cache_dir().join(format!("{key:016x}-{arch}.cubin"))
 }
 
-/// NVRTC's cubin of `src` (cudarc's safe API returns PTX only).
-fn nvrtc_cubin(src: &str, options: &[String]) -> Result<Vec<u8>> {
+/// NVRTC's cubin of `src` (cudarc's safe API returns PTX only) and its
+/// log (ptxas's report, with `--ptxas-options=-v`).
+fn nvrtc_cubin(src: &str, options: &[String]) -> Result<(Vec<u8>, String)> {
     use cudarc::nvrtc::{result, sys};
     let csrc = std::ffi::CString::new(src)
         .map_err(|_| FerrumError::Device("kernel source holds a NUL byte".into()))?;
@@ -176,6 +185,8 @@ fn nvrtc_cubin(src: &str, options: &[String]) -> Result<Vec<u8>> {
                 )))
             }
             Ok(()) => {
+                let log = result::get_program_log(prog).unwrap_or_default();
+                let log: String = log.iter().map(|&c| c as u8 as char).collect();
                 let mut size = 0usize;
                 sys::nvrtcGetCUBINSize(prog, &mut size)
                     .result()
@@ -184,7 +195,7 @@ fn nvrtc_cubin(src: &str, options: &[String]) -> Result<Vec<u8>> {
                         let mut buf = vec![0u8; size];
                         sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr().cast())
                             .result()
-                            .map(|()| buf)
+                            .map(|()| (buf, log))
                             .map_err(|e| dev_err("NVRTC cubin", e))
                     })
             }
@@ -203,7 +214,7 @@ fn cubin(arch: (i32, i32), tune: Tune) -> Result<(Vec<u8>, bool)> {
     if let Ok(bin) = std::fs::read(&path) {
         return Ok((bin, true));
     }
-    let bin = nvrtc_cubin(SOURCE, &options)?;
+    let (bin, _log) = nvrtc_cubin(full_source(), &options)?;
     // The cache is an optimisation: failing to write it is not an error.
     // Written under a temporary name, then renamed: a process starting
     // meanwhile never reads half a file.
@@ -226,53 +237,13 @@ pub fn precompile(arch: (i32, i32), tune: &str) -> Result<PathBuf> {
     Ok(cache_path(&options(arch, tune)))
 }
 
-/// Kernel names in `kernels/`.
-const KERNELS: &[&str] = &[
-    "rms_norm",
-    "fused_add_rms_norm",
-    "layer_norm",
-    "add_inplace",
-    "scale_add_rows",
-    "gather_add_rows",
-    "add_bias",
-    "gelu_erf",
-    "silu_mul",
-    "gelu_tanh_mul",
-    "split_qkv",
-    "embedding",
-    "gather_columns",
-    "head_to_token",
-    "kv_append",
-    "qk_norm_rope",
-    "paged_kv_append",
-    "rows_qkv",
-    "attention",
-    "attention_combine",
-    "quantize_q8_1",
-    "to_bf16",
-];
-/// Each block format's kernel-name suffix (`q6_k`), from the one table.
-fn quant_types() -> impl Iterator<Item = &'static str> {
-    crate::GgufQuantType::all().map(|t| t.name())
-}
-
-/// Every kernel `open` loads: the fixed ones and each quantized type's.
-fn kernel_names() -> impl Iterator<Item = String> {
-    KERNELS
-        .iter()
-        .map(|k| k.to_string())
-        .chain(quant_types().flat_map(|t| {
-            [
-                format!("dequant_{t}"),
-                format!("dequant_bf16_{t}"),
-                format!("gemv_{t}"),
-                format!("gemv_experts_{t}"),
-                format!("mmvq_{t}"),
-                format!("mmvq_experts_{t}"),
-                format!("mmvq1_{t}"),
-                format!("mmvq1_experts_{t}"),
-            ]
-        }))
+/// ptxas's report on the kernels for `arch` with the default tuning:
+/// registers, stack and spills per kernel, as `ptxas -v` prints them.
+/// Needs NVRTC only, no GPU; CI checks it for every architecture.
+pub fn ptxas_report(arch: (i32, i32)) -> Result<String> {
+    let mut options = options(arch, Tune::default());
+    options.push("--ptxas-options=-v".into());
+    nvrtc_cubin(full_source(), &options).map(|(_, log)| log)
 }
 
 /// Whether the CUDA libraries load and at least one GPU is visible.
@@ -334,13 +305,13 @@ fn open(ordinal: usize) -> Result<Device> {
         }
         Err(e) => return Err(dev_err("cannot load the kernels", e)),
     };
-    let mut funcs = HashMap::new();
-    for n in kernel_names() {
-        let f = module
-            .load_function(&n)
-            .map_err(|e| dev_err(&format!("kernel {n}"), e))?;
-        funcs.insert(n, f);
-    }
+    let funcs = super::launch::names()
+        .map(|n| {
+            module
+                .load_function(&n)
+                .map_err(|e| dev_err(&format!("kernel {n}"), e))
+        })
+        .collect::<Result<Vec<_>>>()?;
     Ok(Device {
         stream,
         tune,
@@ -392,9 +363,10 @@ pub(crate) fn get() -> &'static Device {
 mod tests {
     use std::collections::BTreeSet;
 
-    /// Launches look kernels up by name, so a kernel missing from the list
-    /// fails only on a GPU: check the list against the source's entry
-    /// points (`##T` ones once per quantized type) here, without one.
+    /// A kernel in the source but not in `launch.rs` could not be
+    /// launched, and one in the table but not the source would fail to
+    /// load on a GPU: check the table against the source's entry points
+    /// (`##T` ones once per quantized type) here, without one.
     #[test]
     fn every_kernel_in_the_source_is_loaded_and_no_other() {
         let mut in_source = BTreeSet::new();
@@ -406,13 +378,19 @@ mod tests {
             };
             let name = &part[..part.find('(').unwrap_or(0)];
             match name.strip_suffix("##T") {
-                Some(stem) => in_source.extend(super::quant_types().map(|t| format!("{stem}{t}"))),
+                Some(stem) => in_source
+                    .extend(crate::GgufQuantType::all().map(|t| format!("{stem}{}", t.name()))),
                 None => {
                     in_source.insert(name.to_string());
                 }
             }
         }
-        let loaded: BTreeSet<String> = super::kernel_names().collect();
+        let loaded: BTreeSet<String> = super::super::launch::names().collect();
+        assert_eq!(
+            loaded.len(),
+            super::super::launch::names().count(),
+            "a name twice"
+        );
         assert_eq!(loaded, in_source);
     }
 

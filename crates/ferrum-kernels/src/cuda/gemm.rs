@@ -7,9 +7,10 @@ use std::sync::atomic::Ordering;
 
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use cudarc::cublas::{Gemm, GemmConfig};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 use ferrum_types::{FerrumError, Result};
 
+use super::launch::{self, Ptr};
 use super::{device, i, linear, scratch, CudaContext};
 use crate::backend::{ExpertRows, GgufQuantType};
 
@@ -72,9 +73,9 @@ pub(super) fn sgemm(
 #[allow(clippy::too_many_arguments)]
 pub(super) fn dequant_gemm(
     ctx: &mut CudaContext,
-    t: &str,
+    t: GgufQuantType,
     w: &CudaSlice<f32>,
-    a: &impl DevicePtr<f32>,
+    a: &(impl DevicePtr<f32> + Ptr),
     out: &mut impl DevicePtrMut<f32>,
     m: usize,
     n: usize,
@@ -86,15 +87,7 @@ pub(super) fn dequant_gemm(
         let Some(buf) = guard.as_mut() else {
             return Err(FerrumError::Device("scratch allocation failed".into()));
         };
-        launch!(
-            ctx,
-            &format!("dequant_{t}"),
-            linear(n * k),
-            w,
-            &mut *buf,
-            &i(n),
-            &i(k)
-        );
+        launch::dequant(ctx, t, linear(n * k), w, &mut *buf, i(n), i(k));
         sgemm(ctx, a, &*buf, out, m, n, k);
         return Ok(());
     }
@@ -113,18 +106,8 @@ pub(super) fn dequant_gemm(
         shared_mem_bytes: 0,
     };
     let stream = ctx.stream.clone();
-    // A raw pointer for the kernel: `a` may be a slice or a view.
-    let (a_ptr, _a_ptr) = a.device_ptr(&stream);
-    launch!(
-        ctx,
-        &format!("dequant_bf16_{t}"),
-        lc,
-        w,
-        &mut wb,
-        &i(n),
-        &i(k)
-    );
-    launch!(ctx, "to_bf16", linear(m * k), &a_ptr, &mut ab, &i(m * k));
+    launch::dequant_bf16(ctx, t, lc, w, &mut wb, i(n), i(k));
+    launch::to_bf16(ctx, linear(m * k), a, &mut ab, i(m * k));
     if ctx.error.is_some() {
         return Ok(());
     }
@@ -165,7 +148,7 @@ pub(super) fn dequant_gemm(
 /// hands the int8 values and the block scales to `run`.
 fn with_q8(
     ctx: &mut CudaContext,
-    a: &impl DevicePtr<f32>,
+    a: &impl Ptr,
     rows: usize,
     k: usize,
     run: impl FnOnce(&mut CudaContext, &CudaSlice<f32>, usize),
@@ -183,18 +166,8 @@ fn with_q8(
         shared_mem_bytes: 0,
     };
     {
-        let stream = ctx.stream.clone();
-        let (a_ptr, _a_ptr) = a.device_ptr(&stream);
         let (mut xq, mut xd) = buf.split_at_mut(ql);
-        launch!(
-            ctx,
-            "quantize_q8_1",
-            lc,
-            &a_ptr,
-            &mut xq,
-            &mut xd,
-            &i(blocks)
-        );
+        launch::quantize_q8_1(ctx, lc, a, &mut xq, &mut xd, i(blocks));
     }
     run(ctx, buf, ql);
     Ok(())
@@ -214,7 +187,6 @@ pub(super) fn gemm_blocks(
     n: usize,
     k: usize,
 ) -> Result<()> {
-    let t = quant_type.name();
     let dev = device::get();
     let f32_activations = dev.f32_activations.load(Ordering::Relaxed);
     if f32_activations && m <= 8 {
@@ -229,21 +201,11 @@ pub(super) fn gemm_blocks(
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        launch!(
-            ctx,
-            &format!("gemv_{t}"),
-            lc,
-            w,
-            a,
-            out,
-            &i(m),
-            &i(n),
-            &i(k)
-        );
+        launch::gemv(ctx, quant_type, lc, w, a, out, i(m), i(n), i(k));
         return Ok(());
     }
     if f32_activations || m > dev.mmvq_rows {
-        return dequant_gemm(ctx, t, w, a, out, m, n, k);
+        return dequant_gemm(ctx, quant_type, w, a, out, m, n, k);
     }
     let tune = dev.tune;
     with_q8(ctx, a, m, k, |ctx, q8, ql| {
@@ -258,12 +220,8 @@ pub(super) fn gemm_blocks(
         };
         let (xq, xd) = q8.split_at(ql);
         // One token: the one-row kernel (a third of the registers).
-        let name = if m == 1 {
-            format!("mmvq1_{t}")
-        } else {
-            format!("mmvq_{t}")
-        };
-        launch!(ctx, &name, lc, w, &xq, &xd, out, &i(m), &i(n), &i(k));
+        let mmvq = if m == 1 { launch::mmvq1 } else { launch::mmvq };
+        mmvq(ctx, quant_type, lc, w, &xq, &xd, out, i(m), i(n), i(k));
     })
 }
 
@@ -279,7 +237,6 @@ pub(super) fn gemm_experts(
     k: usize,
     quant_type: GgufQuantType,
 ) -> Result<()> {
-    let t = quant_type.name();
     let dev = device::get();
     let stream = ctx.stream.clone();
     let mut tiles: Vec<u64> = Vec::new();
@@ -288,7 +245,16 @@ pub(super) fn gemm_experts(
         if g.rows > GROUPED_GEMV_ROWS {
             let rows_a = a.slice(g.start * k..(g.start + g.rows) * k);
             let mut rows_out = out.slice_mut(g.start * n..(g.start + g.rows) * n);
-            dequant_gemm(ctx, t, g.weights, &rows_a, &mut rows_out, g.rows, n, k)?;
+            dequant_gemm(
+                ctx,
+                quant_type,
+                g.weights,
+                &rows_a,
+                &mut rows_out,
+                g.rows,
+                n,
+                k,
+            )?;
             continue;
         }
         // The pointer is read by kernels queued on this same stream.
@@ -313,8 +279,7 @@ pub(super) fn gemm_experts(
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let name = format!("gemv_experts_{t}");
-        launch!(ctx, &name, lc, &dev_tiles, a, out, &i(n), &i(k));
+        launch::gemv_experts(ctx, quant_type, lc, &dev_tiles, a, out, i(n), i(k));
         return Ok(());
     }
     let tune = dev.tune;
@@ -325,11 +290,11 @@ pub(super) fn gemm_experts(
             shared_mem_bytes: 0,
         };
         let (xq, xd) = q8.split_at(ql);
-        let name = if one_row {
-            format!("mmvq1_experts_{t}")
+        let mmvq = if one_row {
+            launch::mmvq1_experts
         } else {
-            format!("mmvq_experts_{t}")
+            launch::mmvq_experts
         };
-        launch!(ctx, &name, lc, &dev_tiles, &xq, &xd, out, &i(n), &i(k));
+        mmvq(ctx, quant_type, lc, &dev_tiles, &xq, &xd, out, i(n), i(k));
     })
 }

@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig};
 use ferrum_types::{FerrumError, Result};
 
 use crate::backend::{
@@ -59,12 +59,13 @@ impl CudaContext {
     }
 }
 
-pub use device::precompile;
+pub use device::{precompile, ptxas_report};
 
 /// The kernels' source as NVRTC compiles it (the files of `kernels/`, in
-/// order), for the compile test that needs no GPU.
+/// order, then each kernel's declaration from `launch.rs`), for the
+/// compile test that needs no GPU.
 pub fn kernel_source() -> &'static str {
-    device::SOURCE
+    device::full_source()
 }
 
 impl CudaBackend {
@@ -139,38 +140,11 @@ fn i(x: usize) -> i32 {
     x as i32
 }
 
-/// Pushes kernel arguments, binding each to a local so temporaries (the
-/// `&i(n)` scalars) live until the launch.
-macro_rules! push_args {
-    ($b:ident;) => {};
-    ($b:ident; $a:expr $(, $rest:expr)*) => {
-        let arg = $a;
-        $b.arg(arg);
-        push_args!($b; $($rest),*);
-    };
-}
-
-/// Launches kernel `$name`, unless the context already failed; a failed
-/// launch is recorded in the context (see [`Backend::take_error`]).
-macro_rules! launch {
-    ($ctx:expr, $name:expr, $cfg:expr, $($arg:expr),* $(,)?) => {{
-        if $ctx.error.is_none() {
-            let f = &device::get().funcs[$name];
-            let mut b = $ctx.stream.launch_builder(f);
-            push_args!(b; $($arg),*);
-            // SAFETY: argument lists match the kernel signatures in
-            // kernels.cu and every buffer covers the range the kernel
-            // touches (the Backend contract's shapes).
-            let r = unsafe { b.launch($cfg) };
-            $ctx.check(r, $name);
-        }
-    }};
-}
-
 mod attention;
 mod device;
 mod gemm;
 mod graphs;
+mod launch;
 mod meta;
 
 /// A mixture step's expert rows and router weights on the device, for
@@ -330,16 +304,7 @@ impl Backend for CudaBackend {
         tokens: usize,
         dim: usize,
     ) {
-        launch!(
-            ctx,
-            "rms_norm",
-            per_row(tokens, 256),
-            x,
-            w,
-            out,
-            &eps,
-            &i(dim)
-        );
+        launch::rms_norm(ctx, per_row(tokens, 256), x, w, out, eps, i(dim));
     }
 
     fn fused_add_rms_norm(
@@ -352,17 +317,7 @@ impl Backend for CudaBackend {
         tokens: usize,
         dim: usize,
     ) {
-        launch!(
-            ctx,
-            "fused_add_rms_norm",
-            per_row(tokens, 256),
-            residual,
-            x,
-            w,
-            out,
-            &eps,
-            &i(dim)
-        );
+        launch::fused_add_rms_norm(ctx, per_row(tokens, 256), residual, x, w, out, eps, i(dim));
     }
 
     fn flash_attention(
@@ -515,15 +470,14 @@ impl Backend for CudaBackend {
         let Some(dev_ids) = ctx.check(r, "upload of token ids") else {
             return;
         };
-        launch!(
+        launch::embedding(
             ctx,
-            "embedding",
             linear(ids.len() * dim),
             table,
             &dev_ids,
             out,
-            &i(ids.len()),
-            &i(dim)
+            i(ids.len()),
+            i(dim),
         );
     }
 
@@ -537,17 +491,16 @@ impl Backend for CudaBackend {
         q_dim: usize,
         kv_dim: usize,
     ) {
-        launch!(
+        launch::split_qkv(
             ctx,
-            "split_qkv",
             linear(tokens * (q_dim + 2 * kv_dim)),
             qkv,
             q,
             k,
             v,
-            &i(tokens),
-            &i(q_dim),
-            &i(kv_dim)
+            i(tokens),
+            i(q_dim),
+            i(kv_dim),
         );
     }
 
@@ -558,15 +511,7 @@ impl Backend for CudaBackend {
         tokens: usize,
         im: usize,
     ) {
-        launch!(
-            ctx,
-            "silu_mul",
-            linear(tokens * im),
-            gate_up,
-            out,
-            &i(tokens),
-            &i(im)
-        );
+        launch::silu_mul(ctx, linear(tokens * im), gate_up, out, i(tokens), i(im));
     }
 
     fn fused_gelu_tanh_mul_split(
@@ -576,15 +521,7 @@ impl Backend for CudaBackend {
         tokens: usize,
         im: usize,
     ) {
-        launch!(
-            ctx,
-            "gelu_tanh_mul",
-            linear(tokens * im),
-            gate_up,
-            out,
-            &i(tokens),
-            &i(im)
-        );
+        launch::gelu_tanh_mul(ctx, linear(tokens * im), gate_up, out, i(tokens), i(im));
     }
 
     fn qk_norm_rope(
@@ -602,21 +539,20 @@ impl Backend for CudaBackend {
         mode: QkMode,
     ) {
         let threads = (head_dim / 2).div_ceil(32).clamp(1, 32) as u32 * 32;
-        launch!(
+        launch::qk_norm_rope(
             ctx,
-            "qk_norm_rope",
             per_row(tokens * heads, threads),
             input,
             norm_w,
             cos,
             sin,
             output,
-            &i(tokens),
-            &i(heads),
-            &i(head_dim),
-            &i(pos_offset),
-            &eps,
-            &(mode as i32)
+            i(tokens),
+            i(heads),
+            i(head_dim),
+            i(pos_offset),
+            eps,
+            mode as i32,
         );
     }
 
@@ -628,15 +564,14 @@ impl Backend for CudaBackend {
         heads: usize,
         dim: usize,
     ) {
-        launch!(
+        launch::head_to_token(
             ctx,
-            "head_to_token",
             linear(tokens * heads * dim),
             src,
             dst,
-            &i(tokens),
-            &i(heads),
-            &i(dim)
+            i(tokens),
+            i(heads),
+            i(dim),
         );
     }
 
@@ -646,7 +581,7 @@ impl Backend for CudaBackend {
         x: &Self::Buffer,
         len: usize,
     ) {
-        launch!(ctx, "add_inplace", linear(len), residual, x, &i(len));
+        launch::add_inplace(ctx, linear(len), residual, x, i(len));
     }
 
     fn scale_add_rows(
@@ -660,16 +595,15 @@ impl Backend for CudaBackend {
         let Some((dev_rows, dev_w)) = upload_rows(ctx, rows, weights) else {
             return;
         };
-        launch!(
+        launch::scale_add_rows(
             ctx,
-            "scale_add_rows",
             linear(rows.len() * dim),
             src,
             &dev_rows,
             &dev_w,
             dst,
-            &i(rows.len()),
-            &i(dim)
+            i(rows.len()),
+            i(dim),
         );
     }
 
@@ -686,17 +620,16 @@ impl Backend for CudaBackend {
         let Some((dev_rows, dev_w)) = upload_rows(ctx, rows, weights) else {
             return Ok(());
         };
-        launch!(
+        launch::gather_add_rows(
             ctx,
-            "gather_add_rows",
             linear(tokens * dim),
             src,
             &dev_rows,
             &dev_w,
             dst,
-            &i(tokens),
-            &i(per),
-            &i(dim)
+            i(tokens),
+            i(per),
+            i(dim),
         );
         Ok(())
     }
@@ -708,15 +641,7 @@ impl Backend for CudaBackend {
         rows: usize,
         cols: usize,
     ) {
-        launch!(
-            ctx,
-            "add_bias",
-            linear(rows * cols),
-            data,
-            bias,
-            &i(rows),
-            &i(cols)
-        );
+        launch::add_bias(ctx, linear(rows * cols), data, bias, i(rows), i(cols));
     }
 
     fn layer_norm(
@@ -729,21 +654,11 @@ impl Backend for CudaBackend {
         tokens: usize,
         dim: usize,
     ) {
-        launch!(
-            ctx,
-            "layer_norm",
-            per_row(tokens, 256),
-            x,
-            gamma,
-            beta,
-            out,
-            &eps,
-            &i(dim)
-        );
+        launch::layer_norm(ctx, per_row(tokens, 256), x, gamma, beta, out, eps, i(dim));
     }
 
     fn gelu(ctx: &mut CudaContext, x: &Self::Buffer, out: &mut Self::Buffer, len: usize) {
-        launch!(ctx, "gelu_erf", linear(len), x, out, &i(len));
+        launch::gelu_erf(ctx, linear(len), x, out, i(len));
     }
 
     /// Running out of device memory here panics, as a failed host
@@ -800,16 +715,7 @@ impl Backend for CudaBackend {
         let Some(buf) = guard.as_mut() else {
             return Err(FerrumError::Device("scratch allocation failed".into()));
         };
-        launch!(
-            ctx,
-            "gather_columns",
-            linear(m * k),
-            a,
-            order,
-            &mut *buf,
-            &i(m),
-            &i(k)
-        );
+        launch::gather_columns(ctx, linear(m * k), a, order, &mut *buf, i(m), i(k));
         gemm::gemm_blocks(ctx, *quant_type, w, &*buf, out, m, n, k)
     }
 
@@ -848,19 +754,18 @@ impl SeedOps for CudaBackend {
                 "KV cache overflow: {cache_len} + {new_tokens} positions in a cache of {cache_capacity}"
             ));
         }
-        launch!(
+        launch::kv_append(
             ctx,
-            "kv_append",
             linear(nkv * new_tokens * hd),
             cache_k,
             cache_v,
             new_k_head_major,
             new_v_head_major,
-            &i(cache_len),
-            &i(cache_capacity),
-            &i(new_tokens),
-            &i(nkv),
-            &i(hd)
+            i(cache_len),
+            i(cache_capacity),
+            i(new_tokens),
+            i(nkv),
+            i(hd),
         );
     }
 }
