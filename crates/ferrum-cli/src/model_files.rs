@@ -20,11 +20,6 @@ use crate::pull::{pull, recipe, RECIPES};
 /// the tests' quick model.
 pub const DEFAULT_MODEL: &str = "qwen2.5-coder:0.5b";
 
-/// The model cache (see [`ferrum_formats::model_cache_dir`]).
-pub fn cache_dir() -> PathBuf {
-    ferrum_formats::model_cache_dir()
-}
-
 /// A path as given; an alias or `owner/repo:file`, fetched into the cache
 /// on first use.
 pub fn resolve(model: &str) -> Result<PathBuf> {

@@ -13,10 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
+use ferrum_formats::model_cache_dir as cache_dir;
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
-
-use crate::model_files::cache_dir;
 
 /// How the package mirror publishes a model.
 #[derive(Clone, Copy)]

@@ -257,11 +257,20 @@ fn device_options_that_cannot_work_are_errors() {
         let err = String::from_utf8(out.stderr).unwrap();
         assert!(!out.status.success() && err.contains(want), "{err}");
     }
-    // Embedding models run on the CPU only.
-    if let Some(e) = model("all-MiniLM-L6-v2") {
-        let out = ferrum(&["serve", "--model", &e, "--device", "cuda", "--port", "0"]);
-        let err = String::from_utf8(out.stderr).unwrap();
-        assert!(!out.status.success() && err.contains("CPU only"), "{err}");
+    // Embedding models take --device like generation (the same refusal
+    // in a build without CUDA; a CUDA build would serve them).
+    if let Some(e) = model("all-MiniLM-L6-v2").filter(|_| !cfg!(feature = "cuda")) {
+        for args in [
+            &["serve", "--model", &e, "--device", "cuda", "--port", "0"][..],
+            &["embed", "--model", &e, "--device", "cuda", "hello"][..],
+        ] {
+            let out = ferrum(args);
+            let err = String::from_utf8(out.stderr).unwrap();
+            assert!(
+                !out.status.success() && err.contains(want),
+                "{args:?}: {err}"
+            );
+        }
     }
 }
 

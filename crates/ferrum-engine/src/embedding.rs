@@ -6,7 +6,9 @@
 use std::path::Path;
 
 use ferrum_kernels::Backend;
-use ferrum_models::bert::{l2_normalize, BertModel, EncoderInput, Pooling};
+use ferrum_models::bert::{l2_normalize, Pooling};
+use ferrum_models::registry::load_encoder;
+use ferrum_models::{Encoder, EncoderInput};
 use ferrum_tokenizer::Tokenizer;
 use ferrum_types::{FerrumError, Result};
 use serde_json::Value;
@@ -39,8 +41,10 @@ pub struct Prepared {
     pub truncated: bool,
 }
 
-pub struct Embedder<B: Backend> {
-    model: BertModel<B>,
+/// An encoder with its tokenizer and the sentence-transformers steps
+/// around it, on whichever backend [`Embedder::load`] was given.
+pub struct Embedder {
+    model: Box<dyn Encoder>,
     tokenizer: Tokenizer,
     pooling: Pooling,
     normalize: bool,
@@ -101,16 +105,17 @@ fn sentence_config(dir: &Path) -> Result<(Pooling, bool)> {
     Ok((pooling, normalize))
 }
 
-impl<B: Backend> Embedder<B> {
-    /// Loads a Hugging Face folder holding a BERT encoder and its tokenizer.
-    pub fn load(dir: &Path) -> Result<Self> {
-        let model = BertModel::<B>::from_hf_dir(dir)?;
+impl Embedder {
+    /// Loads a Hugging Face folder holding an encoder (the registry picks
+    /// the family) and its tokenizer, the encoder on backend `B`.
+    pub fn load<B: Backend>(dir: &Path) -> Result<Self> {
+        let model = load_encoder::<B>(dir)?;
         let tokenizer = Tokenizer::from_hf_dir(dir)?;
         let (pooling, normalize) = sentence_config(dir)?;
         let limit = read_json(&dir.join("sentence_bert_config.json"))?
             .and_then(|c| c.get("max_seq_length").and_then(Value::as_u64))
             .map(|n| n as usize);
-        let max_positions = model.config().max_positions;
+        let max_positions = model.max_positions();
         let max_tokens = limit.map_or(max_positions, |l| l.clamp(2, max_positions));
         Ok(Self {
             model,
@@ -135,7 +140,7 @@ impl<B: Backend> Embedder<B> {
     }
 
     pub fn dim(&self) -> usize {
-        self.model.config().hidden
+        self.model.hidden()
     }
 
     /// The longest input, in tokens, the encoder sees.
@@ -212,7 +217,7 @@ impl<B: Backend> Embedder<B> {
                     type_ids: None,
                 })
                 .collect();
-            for (hidden, p) in self.model.forward(&batch)?.iter().zip(chunk) {
+            for (hidden, p) in self.model.encode(&batch)?.iter().zip(chunk) {
                 let mut vector = self.pooling.pool(hidden, dim)?;
                 if self.normalize {
                     l2_normalize(&mut vector);

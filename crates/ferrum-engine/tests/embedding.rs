@@ -11,13 +11,13 @@ use ferrum_engine::{EmbedInput, Embedder};
 use ferrum_kernels::CpuBackend;
 use ferrum_models::bert::Pooling;
 
-fn minilm() -> Option<Embedder<CpuBackend>> {
+fn minilm() -> Option<Embedder> {
     let dir = ferrum_formats::model_cache_dir().join("all-MiniLM-L6-v2");
     if !dir.join("model.safetensors").exists() {
         eprintln!("skipping: {} not found", dir.display());
         return None;
     }
-    Some(Embedder::load(&dir).unwrap())
+    Some(Embedder::load::<CpuBackend>(&dir).unwrap())
 }
 
 fn text(s: &str) -> EmbedInput {

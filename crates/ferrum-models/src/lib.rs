@@ -3,6 +3,7 @@
 //! [`DecoderOnlyLLM`] (the seed's per-sequence API, from [`KvManaged`]).
 
 pub mod bert;
+mod encoder;
 pub mod llama;
 mod llm;
 mod managed;
@@ -10,6 +11,7 @@ mod paged;
 pub mod registry;
 pub mod rope;
 
+pub use encoder::{Encoder, EncoderInput};
 pub use ferrum_kernels::KvDtype;
 pub use ferrum_kv::{BlockCopy, BlockManager};
 pub use llm::{

@@ -16,6 +16,8 @@ use ferrum_formats::hf_config::read_model_type;
 use ferrum_kernels::Backend;
 use ferrum_types::{FerrumError, Result};
 
+use crate::bert::BertModel;
+use crate::encoder::Encoder;
 use crate::llama::{Arch, LlamaModel};
 use crate::llm::{KvPoolConfig, LoadProgress};
 use crate::paged::PagedLlm;
@@ -93,6 +95,18 @@ pub fn load_hf_dir<B: Backend>(
             dir, pool, progress,
         )?)),
         Family::Bert => Err(not_a_decoder(&name)),
+    }
+}
+
+/// Loads the encoder in Hugging Face folder `dir` on backend `B`, for
+/// embeddings.
+pub fn load_encoder<B: Backend>(dir: &Path) -> Result<Box<dyn Encoder>> {
+    let name = read_model_type(dir.join("config.json"))?;
+    match family(&name)? {
+        Family::Bert => Ok(Box::new(BertModel::<B>::from_hf_dir(dir)?)),
+        Family::Llama(_) => Err(FerrumError::unsupported(format!(
+            "architecture '{name}' is a decoder: it generates text (ferrum run, ferrum serve) and does not serve embeddings here; embedding models are encoders such as BERT (--model minilm)"
+        ))),
     }
 }
 

@@ -151,3 +151,33 @@ fn pooling_modes() {
     ferrum_models::bert::l2_normalize(&mut v);
     assert_eq!(v, vec![0.6, 0.8]);
 }
+
+/// Embeddings get their encoder from the registry like generation gets its
+/// decoder: the BERT fixture loads through it and encodes exactly as the
+/// family's own loader does, and a decoder folder is refused by name.
+#[test]
+fn encoders_load_through_the_registry() {
+    let fixtures =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/hf-tiny");
+    if !fixtures.join("bert").is_dir() {
+        return;
+    }
+    let encoder =
+        ferrum_models::registry::load_encoder::<CpuBackend>(&fixtures.join("bert")).unwrap();
+    let direct = BertModel::<CpuBackend>::from_hf_dir(&fixtures.join("bert")).unwrap();
+    assert_eq!(encoder.hidden(), direct.config().hidden);
+    assert_eq!(encoder.max_positions(), direct.config().max_positions);
+    let inp = EncoderInput {
+        ids: &[1, 5, 9, 2],
+        type_ids: None,
+    };
+    assert_eq!(
+        encoder.encode(&[inp]).unwrap(),
+        direct.forward(&[inp]).unwrap()
+    );
+    let err = ferrum_models::registry::load_encoder::<CpuBackend>(&fixtures.join("llama"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("'llama' is a decoder"), "{err}");
+}

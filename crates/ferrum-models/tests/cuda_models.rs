@@ -368,3 +368,40 @@ fn gpu_graphs_replay_bit_for_bit() {
         );
     }
 }
+
+/// Embeddings take a backend like generation: the BERT fixture's encoder
+/// on the GPU against the same encoder on the CPU (f32 end to end, so
+/// only summation order differs: 1e-4 absolute on O(1) LayerNorm outputs;
+/// the CPU encoder is held to transformers in `bert_fixture.rs`).
+#[test]
+fn gpu_encoder_matches_cpu() {
+    use ferrum_models::registry::load_encoder;
+    use ferrum_models::EncoderInput;
+    let dir = fixtures().join("bert");
+    if !gpu() || !dir.is_dir() {
+        return;
+    }
+    let cpu = load_encoder::<CpuBackend>(&dir).unwrap();
+    let gpu = load_encoder::<CudaBackend>(&dir).unwrap();
+    let (a, b) = ([1u32, 7, 42, 99, 5, 2], [1u32, 3, 2]);
+    let inputs = [
+        EncoderInput {
+            ids: &a,
+            type_ids: None,
+        },
+        EncoderInput {
+            ids: &b,
+            type_ids: Some(&[0, 1, 1]),
+        },
+    ];
+    let (want, got) = (cpu.encode(&inputs).unwrap(), gpu.encode(&inputs).unwrap());
+    for (w, g) in want.iter().zip(&got) {
+        let d = w
+            .iter()
+            .zip(g)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        eprintln!("encoder: max |gpu - cpu| = {d:e}");
+        assert!(d <= 1e-4, "{d}");
+    }
+}

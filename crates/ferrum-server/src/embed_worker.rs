@@ -3,7 +3,6 @@
 //! inputs), so concurrent clients share GEMMs instead of queueing.
 
 use ferrum_engine::{Embedder, Embedding, Prepared};
-use ferrum_kernels::CpuBackend;
 use ferrum_types::Result;
 use tokio::sync::{mpsc, oneshot};
 
@@ -16,7 +15,7 @@ pub struct EmbedJob {
 }
 
 pub fn spawn(
-    embedder: std::sync::Arc<Embedder<CpuBackend>>,
+    embedder: std::sync::Arc<Embedder>,
 ) -> std::io::Result<mpsc::UnboundedSender<EmbedJob>> {
     let (tx, mut rx) = mpsc::unbounded_channel::<EmbedJob>();
     std::thread::Builder::new()

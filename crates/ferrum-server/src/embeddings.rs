@@ -10,10 +10,9 @@ use ferrum_engine::Prepared;
 use serde_json::json;
 use tokio::sync::oneshot;
 
-use crate::admin::body;
 use crate::embed_worker::EmbedJob;
 use crate::error::ApiError;
-use crate::guard::{body_len, off_reactor};
+use crate::guard::{body, body_len, off_reactor};
 use crate::protocol::{embedding_inputs, parse, EmbeddingRequest};
 use crate::{Ready, Shared};
 

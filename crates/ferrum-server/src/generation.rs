@@ -21,9 +21,8 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use crate::admin::body;
 use crate::error::ApiError;
-use crate::guard::{body_len, off_reactor};
+use crate::guard::{body, body_len, off_reactor};
 use crate::protocol::{
     parse, reject_unknown, ChatMessage, ChatRequest, CompletionRequest, GenParams, Prompt,
 };

@@ -277,6 +277,14 @@ const CPU_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// async threads; small requests skip it).
 const LARGE_BODY: usize = 1 << 20;
 
+/// The body `read_body` buffered (and already held to the size limit and
+/// the read timeout); a rejection here keeps its own status.
+pub fn body(
+    b: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<axum::body::Bytes, ApiError> {
+    b.map_err(|e| ApiError::new(e.status(), e.body_text(), None))
+}
+
 /// A request body's size, for [`off_reactor`] (0 where it was refused).
 pub fn body_len(b: &Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>) -> usize {
     b.as_ref().map_or(0, |b| b.len())

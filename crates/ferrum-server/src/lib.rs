@@ -33,7 +33,6 @@ use axum::routing::{get, post};
 use axum::Router;
 pub use ferrum_engine::EngineConfig;
 use ferrum_engine::{Embedder, Engine, Speculation};
-use ferrum_kernels::CpuBackend;
 use ferrum_models::PagedLlm;
 use ferrum_structured::Grammars;
 use ferrum_tokenizer::chat::ChatTemplate;
@@ -97,7 +96,7 @@ pub enum LoadedModel {
         /// value (in range: `RecommendedSampling::sanitized`).
         sampling: RecommendedSampling,
     },
-    Embedding(Embedder<CpuBackend>),
+    Embedding(Embedder),
 }
 
 /// Loads the model (runs on a blocking thread after the port is bound).
@@ -118,7 +117,7 @@ enum Ready {
     },
     Embed {
         jobs: mpsc::UnboundedSender<embed_worker::EmbedJob>,
-        embedder: Arc<Embedder<CpuBackend>>,
+        embedder: Arc<Embedder>,
     },
 }
 

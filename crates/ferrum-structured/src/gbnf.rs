@@ -12,8 +12,6 @@ use std::collections::{HashMap, HashSet};
 
 use ferrum_types::{FerrumError, Result};
 
-use crate::vocab::lark_string;
-
 #[derive(Debug, PartialEq)]
 enum Tok {
     Name(String),
@@ -250,6 +248,11 @@ fn class_char(c: char) -> String {
     } else {
         format!("\\x{{{:X}}}", c as u32)
     }
+}
+
+/// A Lark string literal (JSON escapes are valid Lark escapes).
+pub(crate) fn lark_string(s: &str) -> String {
+    serde_json::Value::String(s.to_string()).to_string()
 }
 
 #[cfg(test)]

@@ -7,7 +7,6 @@ use llguidance::api::TopLevelGrammar;
 use serde_json::{json, Value};
 
 use crate::gbnf::gbnf_to_lark;
-use crate::vocab::Grammars;
 
 /// A constraint on generated text.
 #[derive(Clone, Debug, PartialEq)]
@@ -64,7 +63,12 @@ impl GrammarSpec {
         }
     }
 
-    pub(crate) fn to_llguidance(&self, g: &Grammars) -> Result<TopLevelGrammar> {
+    /// The llguidance grammar; `literal` writes a string as Lark text (the
+    /// vocabulary's `Grammars::lark_literal`, which knows control tokens).
+    pub(crate) fn to_llguidance(
+        &self,
+        literal: impl Fn(&str) -> String,
+    ) -> Result<TopLevelGrammar> {
         self.validate()?;
         Ok(match self {
             Self::JsonObject => {
@@ -73,7 +77,7 @@ impl GrammarSpec {
             Self::JsonSchema(s) => TopLevelGrammar::from_json_schema(with_layout(s)),
             Self::Regex(r) => TopLevelGrammar::from_regex(r),
             Self::Choice(c) => {
-                let alts: Vec<String> = c.iter().map(|s| g.lark_literal(s)).collect();
+                let alts: Vec<String> = c.iter().map(|s| literal(s)).collect();
                 TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | ")))
             }
             Self::Gbnf(src) => TopLevelGrammar::from_lark(gbnf_to_lark(src)?),

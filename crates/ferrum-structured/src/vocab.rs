@@ -11,6 +11,7 @@ use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 
 use crate::constraint::Constraint;
+use crate::gbnf::lark_string;
 use crate::grammar::GrammarSpec;
 
 /// [`TokenizerEnv`] over a Ferrum tokenizer.
@@ -112,7 +113,7 @@ impl Grammars {
     /// clone it for more). A schema or grammar llguidance cannot enforce is
     /// an error naming what it refused.
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Constraint> {
-        let grammar = spec.to_llguidance(self)?;
+        let grammar = spec.to_llguidance(|t| self.lark_literal(t))?;
         Ok(Constraint::new(self.matcher(grammar)?, self.eos()))
     }
 
@@ -120,7 +121,7 @@ impl Grammars {
     /// contains `trigger`; from there on `spec` constrains what follows it
     /// (a tool call that the model chose to start).
     pub fn compile_after(&self, trigger: &str, spec: &GrammarSpec) -> Result<Constraint> {
-        let grammar = spec.to_llguidance(self)?;
+        let grammar = spec.to_llguidance(|t| self.lark_literal(t))?;
         let m = self.matcher(grammar)?;
         Ok(Constraint::after(
             trigger,
@@ -147,9 +148,4 @@ impl Grammars {
             _ => lark_string(text),
         }
     }
-}
-
-/// A Lark string literal (JSON escapes are valid Lark escapes).
-pub(crate) fn lark_string(s: &str) -> String {
-    serde_json::Value::String(s.to_string()).to_string()
 }

@@ -95,32 +95,43 @@ impl PreTokenizer {
         })
     }
 
-    /// Splits `text` into words.
-    pub fn split<'t>(&self, text: &'t str) -> Result<Vec<&'t str>> {
-        let mut pieces = vec![text];
-        for re in &self.regexes {
-            let mut next = Vec::with_capacity(pieces.len() * 2);
-            for piece in pieces {
-                let mut last = 0;
-                for m in re.find_iter(piece) {
-                    let m = m.map_err(|e| {
-                        FerrumError::invalid(format!("pre-tokenizer on {} bytes: {e}", piece.len()))
-                    })?;
-                    if m.start() > last {
-                        next.push(&piece[last..m.start()]);
-                    }
-                    if m.end() > m.start() {
-                        next.push(m.as_str());
-                    }
-                    last = m.end();
-                }
-                if last < piece.len() {
-                    next.push(&piece[last..]);
-                }
+    /// Hands each word of `text` to `word`, in order. Each regex splits
+    /// the pieces the previous one left, depth first, so no list of words
+    /// is built: a 16 MB text costs no more than its token ids.
+    pub fn split<'t>(
+        &self,
+        text: &'t str,
+        word: &mut impl FnMut(&'t str) -> Result<()>,
+    ) -> Result<()> {
+        self.split_from(0, text, word)
+    }
+
+    fn split_from<'t>(
+        &self,
+        level: usize,
+        piece: &'t str,
+        word: &mut impl FnMut(&'t str) -> Result<()>,
+    ) -> Result<()> {
+        let Some(re) = self.regexes.get(level) else {
+            return word(piece);
+        };
+        let mut last = 0;
+        for m in re.find_iter(piece) {
+            let m = m.map_err(|e| {
+                FerrumError::invalid(format!("pre-tokenizer on {} bytes: {e}", piece.len()))
+            })?;
+            if m.start() > last {
+                self.split_from(level + 1, &piece[last..m.start()], word)?;
             }
-            pieces = next;
+            if m.end() > m.start() {
+                self.split_from(level + 1, m.as_str(), word)?;
+            }
+            last = m.end();
         }
-        Ok(pieces)
+        if last < piece.len() {
+            self.split_from(level + 1, &piece[last..], word)?;
+        }
+        Ok(())
     }
 }
 
@@ -148,7 +159,7 @@ pub(crate) fn encode_fragment(
         escaped = text.replace(' ', "\u{2581}");
         &escaped
     };
-    for word in pre.split(text)? {
+    pre.split(text, &mut |word| {
         let encoded;
         let word = if pre.byte_encode {
             encoded = bytes::encode(word);
@@ -160,12 +171,12 @@ pub(crate) fn encode_fragment(
         if pre.ignore_merges || whole_newlines {
             if let Some(id) = vocab.id(word) {
                 out.push(id);
-                continue;
+                return Ok(());
             }
         }
         merge_word(vocab, word, pre.byte_encode, out);
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 fn merge_word(vocab: &Vocab, word: &str, byte_encode: bool, out: &mut Vec<u32>) {

@@ -1,6 +1,6 @@
 //! Types shared by every Ferrum crate: the one error type, the ggml tensor
 //! types, the host tensor handle and the decode-execution interface (and
-//! one piece of process hygiene, [`release_freed_memory`]).
+//! pieces of process hygiene, [`release_freed_memory`] and [`bound_retained_memory`]).
 //!
 //! This crate sits at the bottom of the dependency graph
 //! (types -> kernels -> models -> engine -> server/cli) and depends on no
@@ -15,5 +15,5 @@ mod tensor;
 pub use decode_backend::DecodeBackend;
 pub use error::{FerrumError, Result};
 pub use ggml::GgmlType;
-pub use memory::release_freed_memory;
+pub use memory::{bound_retained_memory, release_freed_memory};
 pub use tensor::TensorRef;

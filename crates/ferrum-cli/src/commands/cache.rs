@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferrum_formats::gguf::GgufFile;
+use ferrum_formats::model_cache_dir as cache_dir;
 use ferrum_formats::safetensors::SafeTensors;
 use serde_json::json;
 
-use crate::model_files::cache_dir;
 use crate::pull::RECIPES;
 
 #[derive(Args)]

@@ -6,12 +6,14 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferrum_engine::{EmbedInput, Embedder};
-use ferrum_kernels::CpuBackend;
 
-use crate::model_files::resolve;
+use crate::model_files::{on_device, resolve, Device};
 
 #[derive(Args)]
 pub struct EmbedArgs {
+    /// Where to run: cpu, cuda or cuda:N (needs a build with --features cuda).
+    #[arg(long, default_value = "cpu")]
+    device: Device,
     /// Embedding model: a Hugging Face folder (BERT + tokenizer.json) or an alias.
     #[arg(long, default_value = "minilm")]
     model: String,
@@ -36,8 +38,9 @@ pub fn run(args: EmbedArgs) -> Result<()> {
             dir.display()
         );
     }
-    let mut embedder =
-        Embedder::<CpuBackend>::load(&dir).with_context(|| format!("loading {}", dir.display()))?;
+    args.device.init()?;
+    let mut embedder = on_device!(args.device, |B| Embedder::load::<B>(&dir))
+        .with_context(|| format!("loading {}", dir.display()))?;
     if args.normalize {
         embedder.set_normalize(true);
     }

@@ -7,11 +7,10 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use ferrum_engine::{Embedder, EngineConfig};
-use ferrum_kernels::CpuBackend;
 use ferrum_models::registry::{self, Family};
 use ferrum_server::{LoadedModel, ServeConfig};
 
-use crate::model_files::{resolve, Device, KvArgs, ModelFiles, SpecArgs, DEFAULT_MODEL};
+use crate::model_files::{on_device, resolve, Device, KvArgs, ModelFiles, SpecArgs, DEFAULT_MODEL};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -103,6 +102,7 @@ fn served_name(model: &str) -> String {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
+    ferrum_types::bound_retained_memory();
     let path = resolve(&args.model)?;
     let cfg = ServeConfig {
         host: args.host,
@@ -135,10 +135,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let loader = Box::new(move || -> Result<LoadedModel, String> {
         let load = || -> Result<LoadedModel> {
             if path.is_dir() && matches!(registry::hf_family(&path), Ok(Family::Bert)) {
-                if args.device != Device::Cpu {
-                    bail!("embedding models run on the CPU only; leave out --device");
-                }
-                return Ok(LoadedModel::Embedding(Embedder::<CpuBackend>::load(&path)?));
+                args.device.init()?;
+                let embedder = on_device!(args.device, |B| Embedder::load::<B>(&path))?;
+                return Ok(LoadedModel::Embedding(embedder));
             }
             let files = ModelFiles::open(&path)?;
             Ok(LoadedModel::Llm {

@@ -55,9 +55,9 @@ pub(crate) struct ActRows {
     pub(crate) outliers: Vec<Outlier>,
     pub(crate) outlier_count: Vec<usize>,
     /// The 8-bit values regrouped for the grouped k-quant kernels
-    /// (`super::kquant_rows::quantize` fills them; `kquant_rows::Tiles`
-    /// describes the layout).
-    pub(crate) tiles: super::kquant_rows::Tiles,
+    /// (`kquant_rows::quantize` fills them; `act_tiles::Tiles` describes
+    /// the layout).
+    pub(crate) tiles: super::act_tiles::Tiles,
     /// The distinct outlier positions of all rows, ascending, and each
     /// outlier's index in it (parallel to `outliers`), for the k-quant
     /// kernels' outlier pass (`super::outliers::index` fills them).

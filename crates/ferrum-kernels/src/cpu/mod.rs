@@ -21,6 +21,7 @@ macro_rules! by_m {
 }
 
 mod act_quant;
+mod act_tiles;
 mod activation;
 mod attention;
 mod awake;

@@ -20,18 +20,26 @@ pub use config::BertConfig;
 pub use pooling::{l2_normalize, Pooling};
 use weights::{Dense, Norm, Weights};
 
-/// One input sequence: token ids (with `[CLS]`/`[SEP]` already added) and
-/// optional segment ids (all 0 when absent).
-#[derive(Clone, Copy, Debug)]
-pub struct EncoderInput<'a> {
-    pub ids: &'a [u32],
-    pub type_ids: Option<&'a [u32]>,
-}
+pub use crate::encoder::EncoderInput;
 
 pub struct BertModel<B: Backend> {
     cfg: BertConfig,
     w: Weights<B>,
     empty: B::Buffer,
+}
+
+impl<B: Backend> crate::encoder::Encoder for BertModel<B> {
+    fn hidden(&self) -> usize {
+        self.cfg.hidden
+    }
+
+    fn max_positions(&self) -> usize {
+        self.cfg.max_positions
+    }
+
+    fn encode(&self, inputs: &[EncoderInput]) -> Result<Vec<Vec<f32>>> {
+        self.forward(inputs)
+    }
 }
 
 impl<B: Backend> BertModel<B> {

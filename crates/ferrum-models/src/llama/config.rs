@@ -6,7 +6,7 @@ use ferrum_formats::hf_config::HfConfig;
 use ferrum_types::{FerrumError, Result};
 
 use super::arch::Arch;
-use crate::rope::{yarn_softmax_scale, RopeScaling, RopeSpec};
+use crate::rope::{yarn_softmax_scale, RopeSpec};
 
 /// A mixture-of-experts MLP: a router picks `top_k` of `experts` gated
 /// MLPs per token and mixes their outputs by its softmax weights.
@@ -264,137 +264,6 @@ impl LlamaConfig {
         Ok(self)
     }
 
-    /// What sets this model apart, for `ferrum inspect`: attention kind,
-    /// RoPE scaling, experts and routing (one `label: text` per line).
-    pub fn describe(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        out.push(match &self.mla {
-            Some(m) => format!(
-                "attention:      latent (kv rank {} + {} rope dims cached per token{}{})",
-                m.kv_lora_rank,
-                m.rope,
-                m.q_lora_rank
-                    .map_or(String::new(), |r| format!(", q rank {r}")),
-                if m.rope_interleaved {
-                    ""
-                } else {
-                    ", rope in halves"
-                }
-            ),
-            None => format!(
-                "attention:      {} heads / {} kv, head_dim {}",
-                self.heads, self.kv_heads, self.head_dim
-            ),
-        });
-        let rope = |r: &RopeSpec| {
-            let how = match &r.scaling {
-                RopeScaling::None => "plain".to_string(),
-                RopeScaling::Linear { factor } => format!("linear x{factor}"),
-                RopeScaling::Factors(_) => "per-pair factors (rope_freqs)".to_string(),
-                RopeScaling::LongRope {
-                    original_max_position,
-                    attn_factor,
-                    ..
-                } => format!(
-                    "LongRoPE (original {original_max_position}: long factors for caches past it; \
-                     cos/sin x{attn_factor:.4})"
-                ),
-                RopeScaling::Llama3 { factor, .. } => format!("llama3 x{factor}"),
-                RopeScaling::Yarn {
-                    factor,
-                    original_max_position,
-                    attn_factor,
-                    ..
-                } => format!(
-                    "YaRN x{factor} (original {original_max_position}, cos/sin x{attn_factor:.4})"
-                ),
-            };
-            format!("θ {}, {how}", r.theta)
-        };
-        let partial = if self.rotary_dims < self.head_dim {
-            format!(", {} of {} dims rotate", self.rotary_dims, self.head_dim)
-        } else {
-            String::new()
-        };
-        out.push(format!("rope:           {}{partial}", rope(&self.rope)));
-        if let Some(local) = &self.rope_local {
-            out.push(format!("rope (sliding): {}", rope(local)));
-        }
-        let sliding: Vec<String> = (0..self.layers)
-            .filter(|&i| self.sliding.get(i).copied().unwrap_or(false))
-            .map(|i| i.to_string())
-            .collect();
-        if self.sliding_window > 0 && !sliding.is_empty() {
-            let which = if sliding.len() == self.layers {
-                "every layer".to_string()
-            } else {
-                format!("layers {}", sliding.join(","))
-            };
-            out.push(format!(
-                "sliding window: {} on {which}",
-                self.sliding_window
-            ));
-        }
-        let mut maths = vec![format!(
-            "{} MLP",
-            match self.act {
-                Activation::Silu => "SiLU-gated",
-                Activation::GeluTanh => "GELU(tanh)-gated",
-            }
-        )];
-        let biases: Vec<&str> = [
-            (self.qkv_bias, "q/k/v"),
-            (self.o_bias, "o"),
-            (self.mlp_bias, "gate/up/down"),
-        ]
-        .iter()
-        .filter(|(on, _)| *on)
-        .map(|(_, n)| *n)
-        .collect();
-        if !biases.is_empty() {
-            maths.push(format!("biases on {}", biases.join(", ")));
-        }
-        if self.qk_norm {
-            maths.push("QK-norm".into());
-        }
-        if self.sandwich_norms {
-            maths.push("sandwich norms".into());
-        }
-        maths.push(format!("attention scale {:.4}", self.attn_scale));
-        if let Some(c) = self.attn_softcap {
-            maths.push(format!("attention softcap {c}"));
-        }
-        if let Some(c) = self.final_softcap {
-            maths.push(format!("final softcap {c}"));
-        }
-        if let Some(e) = self.embed_scale {
-            maths.push(format!("embeddings x{e:.3}"));
-        }
-        maths.push(if self.tied_head {
-            "head tied to the embeddings".into()
-        } else {
-            "own head".into()
-        });
-        out.push(format!("maths:          {}", maths.join(", ")));
-        if let Some(m) = &self.moe {
-            let router = match m.scoring {
-                Scoring::Softmax => "softmax",
-                Scoring::Sigmoid => "sigmoid + bias",
-            };
-            let groups = m
-                .groups
-                .map_or(String::new(), |(g, k)| format!(", best {k} of {g} groups"));
-            let shared = m
-                .shared_intermediate
-                .map_or(String::new(), |w| format!(", shared expert width {w}"));
-            out.push(format!(
-                "experts:        {} of {} per token (width {}), {router} router{groups}{shared}",
-                m.top_k, m.experts, m.intermediate
-            ));
-        }
-        out
-    }
-
     /// From a Hugging Face config; `model_type` selects the variant.
     pub fn from_hf(c: &HfConfig) -> Result<Self> {
         let arch = Arch::from_name(&c.model_type)?;
@@ -536,6 +405,7 @@ impl LlamaConfig {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::rope::RopeScaling;
 
     /// The Hub's DeepSeek-V2-Lite and V3 `config.json` keys (older
     /// `rope_scaling` spelling, `q_lora_rank: null`, `noaux_tc`).

@@ -176,74 +176,11 @@ impl<B: Backend> MlaWeights<B> {
         attn: &mut B::Buffer,
     ) -> Result<()> {
         let (n, p) = (seg.n, seg.pos);
-        let (qk, dkv, rank) = (m.nope + m.rope, m.kv_lora_rank + m.rope, m.kv_lora_rank);
+        let dkv = m.kv_lora_rank + m.rope;
         s.ensure(m, heads, hidden, n);
         B::copy_slice(ctx, xn, seg.r0 * hidden, &mut s.xs, 0, n * hidden);
-        // Queries (low-rank, normed, up; or one projection), then RoPE on
-        // each head's rope dims.
-        match &self.query {
-            MlaQuery::LowRank { rank, a, norm, b } => {
-                let rank = *rank;
-                a.forward(ctx, &s.xs, &mut s.qa, n, rank, hidden)?;
-                B::rms_norm(ctx, &s.qa, norm, eps, &mut s.qan, n, rank);
-                b.forward(ctx, &s.qan, &mut s.qb, n, heads * qk, rank)?;
-            }
-            MlaQuery::Full(q) => q.forward(ctx, &s.xs, &mut s.qb, n, heads * qk, hidden)?,
-        }
-        let (qc, qs) = rope.q;
-        B::qk_norm_rope(
-            ctx,
-            &s.qb,
-            &s.empty,
-            qc,
-            qs,
-            &mut s.qh,
-            n,
-            heads,
-            qk,
-            p,
-            eps,
-            QkMode::Rope,
-        );
-        // Each head's query into the latent space.
-        for h in 0..heads {
-            B::copy_slice(ctx, &s.qh, h * n * qk, &mut s.head_in, 0, n * qk);
-            B::gemm(
-                ctx,
-                &s.head_in,
-                &self.absorb_q[h],
-                &mut s.head_out,
-                n,
-                dkv,
-                qk,
-            );
-            B::copy_slice(ctx, &s.head_out, 0, &mut s.q_lat, h * n * dkv, n * dkv);
-        }
-        // The cached rows: [latent; rope key] for keys, [latent; 0] for
-        // values.
-        self.kv_a.forward(ctx, &s.xs, &mut s.c, n, rank, hidden)?;
-        B::rms_norm(ctx, &s.c, &self.kv_a_norm, eps, &mut s.cn, n, rank);
-        self.k_rope
-            .forward(ctx, &s.xs, &mut s.kr, n, m.rope, hidden)?;
-        let (kc, ks) = rope.k;
-        B::qk_norm_rope(
-            ctx,
-            &s.kr,
-            &s.empty,
-            kc,
-            ks,
-            &mut s.krh,
-            n,
-            1,
-            m.rope,
-            p,
-            eps,
-            QkMode::Rope,
-        );
-        B::gemm(ctx, &s.cn, &self.place_latent, &mut s.v, n, dkv, rank);
-        B::gemm(ctx, &s.krh, &self.place_rope, &mut s.tmp, n, dkv, m.rope);
-        B::copy_slice(ctx, &s.v, 0, &mut s.k, 0, n * dkv);
-        B::add_inplace(ctx, &mut s.k, &s.tmp, n * dkv);
+        self.latent_queries(ctx, m, (heads, hidden, eps), s, rope.q, (n, p))?;
+        self.cached_rows(ctx, m, (hidden, eps), s, rope.k, (n, p))?;
         B::paged_kv_append(ctx, k_pool, v_pool, &seg.pages, p, &s.k, &s.v, n, 1, dkv);
         let cfg = AttnConfig {
             num_heads: heads,
@@ -276,6 +213,75 @@ impl<B: Backend> MlaWeights<B> {
         B::copy_slice(ctx, &s.o_tok, 0, attn, seg.r0 * width, n * width);
         Ok(())
     }
+
+    /// The queries of `s.xs`'s `n` rows at position `p` (low-rank, normed,
+    /// up; or one projection), RoPE on each head's rope dims, then each
+    /// head taken into the latent space: `s.q_lat`, head-major.
+    fn latent_queries(
+        &self,
+        ctx: &mut B::Context,
+        m: &MlaConfig,
+        (heads, hidden, eps): (usize, usize, f32),
+        s: &mut MlaScratch<B>,
+        (qc, qs): (&B::Buffer, &B::Buffer),
+        (n, p): (usize, usize),
+    ) -> Result<()> {
+        let (qk, dkv) = (m.nope + m.rope, m.kv_lora_rank + m.rope);
+        match &self.query {
+            MlaQuery::LowRank { rank, a, norm, b } => {
+                let rank = *rank;
+                a.forward(ctx, &s.xs, &mut s.qa, n, rank, hidden)?;
+                B::rms_norm(ctx, &s.qa, norm, eps, &mut s.qan, n, rank);
+                b.forward(ctx, &s.qan, &mut s.qb, n, heads * qk, rank)?;
+            }
+            MlaQuery::Full(q) => q.forward(ctx, &s.xs, &mut s.qb, n, heads * qk, hidden)?,
+        }
+        let mode = QkMode::Rope;
+        B::qk_norm_rope(
+            ctx, &s.qb, &s.empty, qc, qs, &mut s.qh, n, heads, qk, p, eps, mode,
+        );
+        for h in 0..heads {
+            B::copy_slice(ctx, &s.qh, h * n * qk, &mut s.head_in, 0, n * qk);
+            B::gemm(
+                ctx,
+                &s.head_in,
+                &self.absorb_q[h],
+                &mut s.head_out,
+                n,
+                dkv,
+                qk,
+            );
+            B::copy_slice(ctx, &s.head_out, 0, &mut s.q_lat, h * n * dkv, n * dkv);
+        }
+        Ok(())
+    }
+
+    /// The rows `s.xs` adds to the cache: `[latent; rope key]` for keys
+    /// (`s.k`), `[latent; 0]` for values (`s.v`).
+    fn cached_rows(
+        &self,
+        ctx: &mut B::Context,
+        m: &MlaConfig,
+        (hidden, eps): (usize, f32),
+        s: &mut MlaScratch<B>,
+        (kc, ks): (&B::Buffer, &B::Buffer),
+        (n, p): (usize, usize),
+    ) -> Result<()> {
+        let (rank, dkv) = (m.kv_lora_rank, m.kv_lora_rank + m.rope);
+        self.kv_a.forward(ctx, &s.xs, &mut s.c, n, rank, hidden)?;
+        B::rms_norm(ctx, &s.c, &self.kv_a_norm, eps, &mut s.cn, n, rank);
+        self.k_rope
+            .forward(ctx, &s.xs, &mut s.kr, n, m.rope, hidden)?;
+        let mode = QkMode::Rope;
+        B::qk_norm_rope(
+            ctx, &s.kr, &s.empty, kc, ks, &mut s.krh, n, 1, m.rope, p, eps, mode,
+        );
+        B::gemm(ctx, &s.cn, &self.place_latent, &mut s.v, n, dkv, rank);
+        B::gemm(ctx, &s.krh, &self.place_rope, &mut s.tmp, n, dkv, m.rope);
+        B::copy_slice(ctx, &s.v, 0, &mut s.k, 0, n * dkv);
+        B::add_inplace(ctx, &mut s.k, &s.tmp, n * dkv);
+        Ok(())
+    }
 }
 
 /// `d` rope dims in the rotate-half order `(i, i + d/2)` the kernels use:
@@ -300,24 +306,9 @@ pub(super) fn load_mla<B: Backend>(
     h: usize,
     heads: usize,
 ) -> Result<MlaWeights<B>> {
-    let (nope, rope, rank, v) = (m.nope, m.rope, m.kv_lora_rank, m.v);
+    let (nope, rope, rank) = (m.nope, m.rope, m.kv_lora_rank);
     let (qk, dkv) = (nope + rope, rank + rope);
-    // Hugging Face's names, and llama.cpp's (`deepseek2`).
-    let name = |hf: &str| match src {
-        Source::Gguf(_) => {
-            let g = match hf {
-                "q_proj.weight" => "attn_q.weight",
-                "q_a_proj.weight" => "attn_q_a.weight",
-                "q_a_layernorm.weight" => "attn_q_a_norm.weight",
-                "q_b_proj.weight" => "attn_q_b.weight",
-                "kv_a_proj_with_mqa.weight" => "attn_kv_a_mqa.weight",
-                "kv_a_layernorm.weight" => "attn_kv_a_norm.weight",
-                other => other,
-            };
-            format!("blk.{i}.{g}")
-        }
-        Source::Hf(..) => format!("model.layers.{i}.self_attn.{hf}"),
-    };
+    let name = |hf: &str| tensor_name(src, i, hf);
     let inter = rope_to_half(rope, m.rope_interleaved);
     let partial = partial_rotary_row_of(qk, rope);
     // Head slot -> the Hugging Face dim it holds (within a head).
@@ -354,36 +345,89 @@ pub(super) fn load_mla<B: Backend>(
         .try_into()
         .map_err(|_| FerrumError::invalid("kv_a split into other than 2 parts"))?;
     let kr = kr.permute_rows(rope, &inter);
-    // `kv_b_proj` `[heads · (nope + v), rank]`; llama.cpp splits it into
-    // `attn_k_b` (each head's part transposed, `[heads, rank, nope]`) and
-    // `attn_v_b` (`[heads, v, rank]`).
-    let kv_b = match src {
-        Source::Hf(..) => require(src, &name("kv_b_proj.weight"), &[heads * (nope + v), rank])?
-            .to_f32(heads * (nope + v), rank)?,
+    let kv_b = kv_b(src, m, i, heads)?;
+    let (absorb_q, to_v) = absorbed::<B>(&kv_b, m, heads, &partial);
+    let mut place_latent = vec![0f32; dkv * rank];
+    (0..rank).for_each(|r| place_latent[r * rank + r] = 1.0);
+    let mut place_rope = vec![0f32; dkv * rope];
+    (0..rope).for_each(|j| place_rope[(rank + j) * rope + j] = 1.0);
+    Ok(MlaWeights {
+        query,
+        kv_a: Linear::upload(c, rank, h)?,
+        kv_a_norm: B::from_slice(&vector(src, &name("kv_a_layernorm.weight"), rank)?),
+        k_rope: Linear::upload(kr, rope, h)?,
+        absorb_q,
+        to_v,
+        place_latent: B::from_slice(&place_latent),
+        place_rope: B::from_slice(&place_rope),
+    })
+}
+
+/// Layer `i`'s latent-attention tensor `hf` (its Hugging Face name under
+/// `self_attn.`) as the file names it: llama.cpp's `deepseek2` names in a
+/// GGUF.
+fn tensor_name(src: &Source, i: usize, hf: &str) -> String {
+    match src {
         Source::Gguf(_) => {
-            let k_b = require(
-                src,
-                &format!("blk.{i}.attn_k_b.weight"),
-                &[heads, rank, nope],
-            )?
-            .to_f32(heads * rank, nope)?;
-            let v_b = require(src, &format!("blk.{i}.attn_v_b.weight"), &[heads, v, rank])?
-                .to_f32(heads * v, rank)?;
-            let mut kv_b = vec![0f32; heads * (nope + v) * rank];
-            for hh in 0..heads {
-                for r in 0..rank {
-                    for d in 0..nope {
-                        kv_b[(hh * (nope + v) + d) * rank + r] = k_b[(hh * rank + r) * nope + d];
-                    }
-                }
-                for j in 0..v {
-                    let row = (hh * (nope + v) + nope + j) * rank;
-                    kv_b[row..row + rank].copy_from_slice(&v_b[(hh * v + j) * rank..][..rank]);
-                }
-            }
-            kv_b
+            let g = match hf {
+                "q_proj.weight" => "attn_q.weight",
+                "q_a_proj.weight" => "attn_q_a.weight",
+                "q_a_layernorm.weight" => "attn_q_a_norm.weight",
+                "q_b_proj.weight" => "attn_q_b.weight",
+                "kv_a_proj_with_mqa.weight" => "attn_kv_a_mqa.weight",
+                "kv_a_layernorm.weight" => "attn_kv_a_norm.weight",
+                other => other,
+            };
+            format!("blk.{i}.{g}")
         }
-    };
+        Source::Hf(..) => format!("model.layers.{i}.self_attn.{hf}"),
+    }
+}
+
+/// `kv_b_proj` as Hugging Face stores it, `[heads · (nope + v), rank]`;
+/// llama.cpp splits it into `attn_k_b` (each head's part transposed,
+/// `[heads, rank, nope]`) and `attn_v_b` (`[heads, v, rank]`), put back
+/// together here.
+fn kv_b(src: &Source, m: &MlaConfig, i: usize, heads: usize) -> Result<Vec<f32>> {
+    let (nope, rank, v) = (m.nope, m.kv_lora_rank, m.v);
+    if let Source::Hf(..) = src {
+        let name = tensor_name(src, i, "kv_b_proj.weight");
+        return require(src, &name, &[heads * (nope + v), rank])?.to_f32(heads * (nope + v), rank);
+    }
+    let k_b = require(
+        src,
+        &format!("blk.{i}.attn_k_b.weight"),
+        &[heads, rank, nope],
+    )?
+    .to_f32(heads * rank, nope)?;
+    let v_b = require(src, &format!("blk.{i}.attn_v_b.weight"), &[heads, v, rank])?
+        .to_f32(heads * v, rank)?;
+    let mut kv_b = vec![0f32; heads * (nope + v) * rank];
+    for hh in 0..heads {
+        for r in 0..rank {
+            for d in 0..nope {
+                kv_b[(hh * (nope + v) + d) * rank + r] = k_b[(hh * rank + r) * nope + d];
+            }
+        }
+        for j in 0..v {
+            let row = (hh * (nope + v) + nope + j) * rank;
+            kv_b[row..row + rank].copy_from_slice(&v_b[(hh * v + j) * rank..][..rank]);
+        }
+    }
+    Ok(kv_b)
+}
+
+/// Per head, from `kv_b`: the map taking a query head (in slot order,
+/// `partial`) to the cached latent plus rope dims, and the map from the
+/// latent to the head's values.
+fn absorbed<B: Backend>(
+    kv_b: &[f32],
+    m: &MlaConfig,
+    heads: usize,
+    partial: &impl Fn(usize) -> usize,
+) -> (Vec<B::Buffer>, Vec<B::Buffer>) {
+    let (nope, rope, rank, v) = (m.nope, m.rope, m.kv_lora_rank, m.v);
+    let (qk, dkv) = (nope + rope, rank + rope);
     let w = |head: usize, row: usize, r: usize| kv_b[(head * (nope + v) + row) * rank + r];
     let mut absorb_q = Vec::with_capacity(heads);
     let mut to_v = Vec::with_capacity(heads);
@@ -408,18 +452,5 @@ pub(super) fn load_mla<B: Backend>(
         }
         to_v.push(B::from_slice(&o));
     }
-    let mut place_latent = vec![0f32; dkv * rank];
-    (0..rank).for_each(|r| place_latent[r * rank + r] = 1.0);
-    let mut place_rope = vec![0f32; dkv * rope];
-    (0..rope).for_each(|j| place_rope[(rank + j) * rope + j] = 1.0);
-    Ok(MlaWeights {
-        query,
-        kv_a: Linear::upload(c, rank, h)?,
-        kv_a_norm: B::from_slice(&vector(src, &name("kv_a_layernorm.weight"), rank)?),
-        k_rope: Linear::upload(kr, rope, h)?,
-        absorb_q,
-        to_v,
-        place_latent: B::from_slice(&place_latent),
-        place_rope: B::from_slice(&place_rope),
-    })
+    (absorb_q, to_v)
 }

@@ -8,6 +8,7 @@
 
 mod arch;
 mod config;
+mod describe;
 mod gguf_config;
 mod kv;
 mod linear;

@@ -434,79 +434,25 @@ impl<B: Backend> Weights<B> {
                 "hidden {h} and intermediate {im} must be multiples of the {bs}-value blocks of {g:?}"
             )));
         }
-        let mut salt = seed;
-        let mut blocks = |rows: usize, k: usize| -> Result<Vec<u8>> {
-            salt = salt.wrapping_add(1);
-            random_blocks(g, rows * k / bs, salt)
-                .ok_or_else(|| FerrumError::unsupported(format!("random weights in {g:?}")))
-        };
-        let mut linear = |rows: usize, k: usize| -> Result<Linear<B>> {
-            let raw = Raw::Blocks {
-                bytes: blocks(rows, k)?.into(),
-                ty,
-            };
-            if !act_order || rows == cfg.vocab {
-                return Linear::upload(raw, rows, k);
-            }
-            // A shuffled input order, as an act-order checkpoint has.
-            let mut order: Vec<u32> = (0..k as u32).collect();
-            let mut x = seed ^ k as u64;
-            for i in (1..k).rev() {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                order.swap(i, (x >> 33) as usize % (i + 1));
-            }
-            let inner = Box::new(raw);
-            Linear::upload(
-                Raw::Reordered {
-                    order: order.into(),
-                    inner,
-                },
-                rows,
-                k,
-            )
+        let mut r = RandomLinears {
+            ty,
+            seed,
+            salt: seed,
+            act_order,
+            vocab: cfg.vocab,
         };
         let ones = |n: usize| B::from_slice(&vec![1.0; n]);
         let mut layers = Vec::with_capacity(cfg.layers);
         for l in 0..cfg.layers {
-            let mlp = match &cfg.moe {
-                Some(m) if m.sparse[l] => {
-                    let eim = m.intermediate;
-                    let experts = (0..m.experts)
-                        .map(|_| {
-                            Ok(Expert {
-                                gate_up: linear(2 * eim, h)?,
-                                down: linear(h, eim)?,
-                                bias: None,
-                            })
-                        })
-                        .collect::<Result<Vec<_>>>()?;
-                    // An f32 router, as GGUF files keep it.
-                    let router: Vec<f32> = (0..m.experts * h)
-                        .map(|i| ((i * 2654435761) % 1000) as f32 / 1000.0 - 0.5)
-                        .collect();
-                    Mlp::Moe(MoeWeights {
-                        router: Linear::Dense(B::from_slice(&router)),
-                        choice_bias: None,
-                        experts,
-                        shared: None,
-                    })
-                }
-                _ => Mlp::Dense(Expert {
-                    gate_up: linear(2 * im, h)?,
-                    down: linear(h, im)?,
-                    bias: None,
-                }),
-            };
+            let mlp = random_mlp(cfg, l, &mut r)?;
             layers.push(LayerWeights {
                 attn_norm: ones(h),
                 qkv: Some(Qkv::Fused {
-                    w: linear(qd + 2 * kvd, h)?,
+                    w: r.linear(qd + 2 * kvd, h)?,
                     bias: cfg.qkv_bias.then(|| B::alloc(qd + 2 * kvd)),
                 }),
                 mla: None,
-                o: linear(h, qd)?,
+                o: r.linear(h, qd)?,
                 o_bias: None,
                 q_norm: cfg.qk_norm.then(|| ones(cfg.head_dim)),
                 k_norm: cfg.qk_norm.then(|| ones(cfg.head_dim)),
@@ -516,7 +462,7 @@ impl<B: Backend> Weights<B> {
                 mlp,
             });
         }
-        let lm_head = Some(linear(cfg.vocab, h)?);
+        let lm_head = Some(r.linear(cfg.vocab, h)?);
         let bytes: Bytes = random_blocks(g, cfg.vocab * h / bs, seed ^ 0xE3B)
             .ok_or_else(|| FerrumError::unsupported(format!("random weights in {g:?}")))?
             .into();
@@ -532,6 +478,82 @@ impl<B: Backend> Weights<B> {
             lm_head,
         })
     }
+}
+
+/// Random projections in `ty` blocks for [`Weights::random`]: each a new
+/// salt, and with `act_order` a shuffled input order (as an act-order
+/// checkpoint has) on all but the head.
+struct RandomLinears {
+    ty: GgufQuantType,
+    seed: u64,
+    salt: u64,
+    act_order: bool,
+    vocab: usize,
+}
+
+impl RandomLinears {
+    fn linear<B: Backend>(&mut self, rows: usize, k: usize) -> Result<Linear<B>> {
+        let g = self.ty.ggml();
+        self.salt = self.salt.wrapping_add(1);
+        let blocks = random_blocks(g, rows * k / g.block_size(), self.salt)
+            .ok_or_else(|| FerrumError::unsupported(format!("random weights in {g:?}")))?;
+        let raw = Raw::Blocks {
+            bytes: blocks.into(),
+            ty: self.ty,
+        };
+        if !self.act_order || rows == self.vocab {
+            return Linear::upload(raw, rows, k);
+        }
+        let mut order: Vec<u32> = (0..k as u32).collect();
+        let mut x = self.seed ^ k as u64;
+        for i in (1..k).rev() {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            order.swap(i, (x >> 33) as usize % (i + 1));
+        }
+        let inner = Box::new(raw);
+        Linear::upload(
+            Raw::Reordered {
+                order: order.into(),
+                inner,
+            },
+            rows,
+            k,
+        )
+    }
+}
+
+/// Layer `l`'s MLP of random weights: a mixture where `cfg` has one (an
+/// f32 router, as GGUF files keep it), else dense.
+fn random_mlp<B: Backend>(cfg: &LlamaConfig, l: usize, r: &mut RandomLinears) -> Result<Mlp<B>> {
+    let (h, im) = (cfg.hidden, cfg.intermediate);
+    let Some(m) = cfg.moe.as_ref().filter(|m| m.sparse[l]) else {
+        return Ok(Mlp::Dense(Expert {
+            gate_up: r.linear(2 * im, h)?,
+            down: r.linear(h, im)?,
+            bias: None,
+        }));
+    };
+    let eim = m.intermediate;
+    let experts = (0..m.experts)
+        .map(|_| {
+            Ok(Expert {
+                gate_up: r.linear(2 * eim, h)?,
+                down: r.linear(h, eim)?,
+                bias: None,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let router: Vec<f32> = (0..m.experts * h)
+        .map(|i| ((i * 2654435761) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
+    Ok(Mlp::Moe(MoeWeights {
+        router: Linear::Dense(B::from_slice(&router)),
+        choice_bias: None,
+        experts,
+        shared: None,
+    }))
 }
 
 /// Tensors of a safetensors checkpoint that loading did not read, less

@@ -275,7 +275,7 @@ unsafe fn half16<F: Rows, const ISA: u8, const M: usize>(
 }
 
 /// Where a call's activation rows and their scales are, for span `t`:
-/// 8-bit ones in [`super::Tiles`] (one pointer each, rows at constant
+/// 8-bit ones in [`crate::cpu::act_tiles::Tiles`] (one pointer each, rows at constant
 /// offsets), 16-bit ones row-major.
 #[derive(Clone, Copy)]
 struct Rows8Or16<const M: usize> {
