@@ -20,9 +20,17 @@ fn cuda_refuses_kv_types_it_cannot_read() {
     );
 }
 
+/// Whether NVRTC loads; where `FERRUM_REQUIRE_NVRTC=1` (CI, once the
+/// wheel is installed) its absence fails instead of skipping, so a wrong
+/// library path cannot turn these tests into silent passes.
 fn nvrtc_present() -> bool {
     let present = unsafe { cudarc::nvrtc::sys::is_culib_present() };
     if !present {
+        let required = std::env::var("FERRUM_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "libnvrtc not found (LD_LIBRARY_PATH must name its folder by an absolute path)"
+        );
         eprintln!("skipped: libnvrtc not found");
     }
     present

@@ -271,10 +271,11 @@ pub async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response
 /// templates' own fuel bounds what runs on after that.
 const CPU_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// A request body this large leaves tens of MB of freed memory behind its
-/// preparation (a 16 MB body tokenized: +109 MB resident after four, kept
-/// for good), so it is handed back to the OS after (a few ms, off the
-/// async threads; small requests skip it).
+/// A request body this large can leave megabytes of freed memory in the
+/// allocator's heaps after its preparation (before `ferrum serve` bounded
+/// glibc's retention, four 16 MB tokenizations kept +88 MB resident), so
+/// it is handed back to the OS after (a few ms, off the async threads;
+/// small requests skip it).
 const LARGE_BODY: usize = 1 << 20;
 
 /// The body `read_body` buffered (and already held to the size limit and
