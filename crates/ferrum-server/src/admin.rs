@@ -103,12 +103,12 @@ pub async fn tokenize(
 fn id_chunks(ids: Vec<u32>) -> impl Iterator<Item = Bytes> {
     const CHUNK: usize = 8192;
     (0..ids.len().div_ceil(CHUNK)).map(move |c| {
+        use std::fmt::Write;
         let mut text = String::with_capacity(CHUNK * 7);
         for (j, id) in ids[c * CHUNK..].iter().take(CHUNK).enumerate() {
-            if c + j > 0 {
-                text.push(',');
-            }
-            text.push_str(&id.to_string());
+            let comma = if c + j > 0 { "," } else { "" };
+            // Writing into a String cannot fail.
+            let _ = write!(text, "{comma}{id}");
         }
         Bytes::from(text)
     })
