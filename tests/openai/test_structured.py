@@ -174,3 +174,72 @@ def test_langchain_tools_and_structured_output(qwen_server):
     assert set(msg.tool_calls[0]["args"]) == {"city", "unit"}
     pet = llm.with_structured_output(Pet, method="json_schema").invoke("Invent a pet.")
     assert isinstance(pet, Pet)
+
+
+class Address(BaseModel):
+    street: str
+    city: str
+
+
+class Item(BaseModel):
+    name: str
+    quantity: int
+
+
+class Order(BaseModel):
+    customer: str
+    address: Address
+    items: List[Item]
+
+
+def test_nested_pydantic_tools_parse(qwen_server):
+    """`pydantic_function_tool` puts nested models under `$defs`; the call grammar must
+    resolve `#/$defs/...` (it was a 400 "Pointer '/$defs/Address' does not exist")."""
+    r = client(qwen_server).chat.completions.parse(
+        model=MODEL, messages=[{"role": "user", "content": "Ann at 1 Main St, Oslo orders two pens and a pad."}],
+        tools=[openai.pydantic_function_tool(Order)], tool_choice="required", temperature=0, max_tokens=200)
+    call = r.choices[0].message.tool_calls[0]
+    assert isinstance(call.function.parsed_arguments, Order), call.function.arguments
+
+
+def test_json_object_takes_the_layout_models_write(qwen_server):
+    """Without a schema the model may open with `{` and a newline; a compact-only layout
+    left `{` + `}` likelier and dropped fields (this sentence gave 3 of its 5)."""
+    text = "Kenji Nowak is a 70-year-old baker who lives in Bergen. You can reach Kenji at kenji.nowak@example.com."
+    r = client(qwen_server).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": f"Extract the information in this text as JSON.\n\n{text}"}],
+        response_format={"type": "json_object"}, temperature=0, max_tokens=200)
+    v = json.loads(r.choices[0].message.content)
+    values = {str(x).lower() for x in v.values()}
+    found = [f for f in ("kenji nowak", "70", "bergen", "baker", "kenji.nowak@example.com") if f in values]
+    assert len(found) >= 4, r.choices[0].message.content
+
+
+def test_logprobs_under_a_grammar_are_numbers(qwen_server):
+    """Masked tokens are not alternatives: `top_logprobs` never carries null."""
+    c = client(qwen_server)
+    r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Is the sky blue?"}],
+                                  max_tokens=5, logprobs=True, top_logprobs=5,
+                                  extra_body={"guided_choice": ["yes", "no"]})
+    content = r.choices[0].logprobs.content
+    assert content and r.choices[0].message.content in ("yes", "no")
+    for e in content:
+        assert isinstance(e.logprob, float)
+        assert e.top_logprobs and all(isinstance(t.logprob, float) for t in e.top_logprobs)
+    r = c.completions.create(model=MODEL, prompt="Is the sky blue? Answer:", max_tokens=5, logprobs=5,
+                             extra_body={"guided_choice": [" yes", " no"]})
+    lp = r.choices[0].logprobs
+    assert all(isinstance(x, float) for x in lp.token_logprobs)
+    assert all(top and all(isinstance(x, float) for x in top.values()) for top in lp.top_logprobs)
+
+
+def test_completion_prompts_read_special_tokens(qwen_server):
+    """A chat template rendered by the client: `<|im_start|>` is one token, as in llama-server and
+    vLLM. The 9 tokens: <|im_start|> user \\n Hi <|im_end|> \\n <|im_start|> assistant \\n."""
+    prompt = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    r = client(qwen_server).completions.create(model=MODEL, prompt=prompt, max_tokens=1)
+    assert r.usage.prompt_tokens == 9
+    import urllib.request
+    req = urllib.request.Request(qwen_server.url + "/tokenize", data=json.dumps({"prompt": prompt}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    assert json.load(urllib.request.urlopen(req))["count"] == 9

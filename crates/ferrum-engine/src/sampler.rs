@@ -108,7 +108,10 @@ impl SamplingParams {
 }
 
 /// One sampled token with its log-probability and the top alternatives
-/// (`top_logprobs` of them, most likely first).
+/// (`top_logprobs` of them, most likely first). Tokens that could not be
+/// drawn (a grammar masked them: their logit is -inf) are not
+/// alternatives, so `top` may be shorter: OpenAI's clients do arithmetic on
+/// every entry, and -inf has no JSON form.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sampled {
     pub token: u32,
@@ -128,6 +131,7 @@ fn scored(logits: &[f32], token: u32, lse: f32, top: usize) -> Sampled {
         .map_or(f32::NEG_INFINITY, |l| l - lse);
     let top = top_n(logits, top)
         .into_iter()
+        .filter(|&(_, l)| l > f32::NEG_INFINITY)
         .map(|(t, l)| (t, l - lse))
         .collect();
     Sampled {

@@ -325,3 +325,23 @@ fn top_logprobs_keep_only_the_top_entries() {
         assert_eq!(got, want, "top {n}");
     }
 }
+
+/// A grammar's mask sets banned logits to -inf: those tokens are not
+/// alternatives (their -inf would reach clients as `"logprob": null`), and
+/// the sampled token's log-probability is over the allowed ones.
+#[test]
+fn masked_tokens_are_not_alternatives() {
+    let inf = f32::NEG_INFINITY;
+    let logits = vec![inf, 1.0, inf, 0.0, inf];
+    for t in [0.0, 1.0] {
+        let mut p = params(t);
+        p.top_logprobs = 5;
+        let s = Sampler::new(p, &[]).sample(&mut logits.clone());
+        assert!([1, 3].contains(&s.token));
+        let ids: Vec<u32> = s.top.iter().map(|e| e.0).collect();
+        assert_eq!(ids, vec![1, 3], "temperature {t}");
+        let lp = softmax(&logits)[s.token as usize].ln();
+        assert!((s.logprob as f64 - lp).abs() < 1e-6);
+        assert!(s.top.iter().all(|e| e.1.is_finite()));
+    }
+}

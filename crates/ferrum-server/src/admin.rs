@@ -124,7 +124,9 @@ fn tokenize_now(
     let ready = s.ready()?;
     let tok = tokenizer(ready);
     let tokens = match (&req.prompt, &req.messages, ready) {
-        (Some(p), None, _) => tok.encode(p, req.add_special_tokens, false),
+        // As `/v1/completions` reads a prompt: special-token text is the
+        // token, so the count is the one a completion would see.
+        (Some(p), None, _) => tok.encode(p, req.add_special_tokens, true),
         (None, Some(m), Ready::Llm { template, .. }) => {
             let text = render_chat(template.as_ref(), tok, m, None)?;
             tok.encode(&text, false, true)

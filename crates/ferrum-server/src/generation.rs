@@ -229,11 +229,18 @@ fn piece(tok: &Tokenizer, id: u32) -> String {
     tok.decode(&[id], false)
 }
 
+/// A log-probability as JSON: always a number. What has none (-inf, or NaN
+/// from a broken model) is OpenAI's -9999.0, "very unlikely", where JSON
+/// would get null and clients' arithmetic on it fail.
+fn logprob(lp: f32) -> Value {
+    json!(if lp.is_finite() { lp } else { -9999.0 })
+}
+
 /// Chat's `logprobs.content` entries.
 fn chat_logprobs(tok: &Tokenizer, lps: &[Sampled], top: usize) -> Value {
     let entry = |id: u32, lp: f32| {
         let t = piece(tok, id);
-        json!({"token": t, "logprob": lp, "bytes": t.as_bytes()})
+        json!({"token": t, "logprob": logprob(lp), "bytes": t.as_bytes()})
     };
     let content: Vec<Value> = lps
         .iter()
@@ -267,13 +274,13 @@ fn completion_logprobs(
         offsets.push(pos);
         pos += t.len();
         tokens.push(t);
-        lp.push(scored.map_or(Value::Null, |s| json!(s.logprob)));
+        lp.push(scored.map_or(Value::Null, |s| logprob(s.logprob)));
         tops.push(scored.map_or(Value::Null, |s| {
             let m: serde_json::Map<String, Value> = s
                 .top
                 .iter()
                 .take(top)
-                .map(|&(id, l)| (piece(tok, id), json!(l)))
+                .map(|&(id, l)| (piece(tok, id), logprob(l)))
                 .collect();
             Value::Object(m)
         }));
@@ -553,11 +560,14 @@ fn prepare_completion(
     };
     let tok = tok.clone();
     let constraint = structured::constraint(grammars, structured::output_spec(&req.gen)?, None)?;
+    // Special-token text in a prompt (`<|im_start|>`) is that token, as in
+    // llama-server and vLLM: clients that render a chat template themselves
+    // send the prompt the model was trained on, not its spelling in text.
     let prompts: Vec<Vec<u32>> = match req.prompt {
-        Prompt::Text(t) => vec![tok.encode(&t, true, false).map_err(ApiError::from_model)?],
+        Prompt::Text(t) => vec![tok.encode(&t, true, true).map_err(ApiError::from_model)?],
         Prompt::Texts(ts) if !ts.is_empty() => ts
             .iter()
-            .map(|t| tok.encode(t, true, false))
+            .map(|t| tok.encode(t, true, true))
             .collect::<Result<_, _>>()
             .map_err(ApiError::from_model)?,
         Prompt::Tokens(ids) => vec![ids],

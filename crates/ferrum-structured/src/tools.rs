@@ -171,20 +171,7 @@ pub fn tool_constraint(
     if callable.is_empty() {
         return Ok(None);
     }
-    let key = format.args_key();
-    let alts: Vec<Value> = callable
-        .iter()
-        .map(|t| {
-            json!({"type": "object",
-                   "properties": {"name": {"const": t.name}, key: t.parameters},
-                   "required": ["name", key], "additionalProperties": false})
-        })
-        .collect();
-    let call = lark_json(&if alts.len() == 1 {
-        alts[0].clone()
-    } else {
-        json!({"anyOf": alts})
-    });
+    let call = lark_json(&call_schema(&callable, format.args_key()));
     let more = |rule: &str| {
         if parallel {
             format!("({rule})*")
@@ -229,6 +216,83 @@ pub fn tool_constraint(
         Some(t) => g.compile_after(t, &spec)?,
         None => g.compile(&spec)?,
     }))
+}
+
+/// The JSON schema of one call to any of `tools`: `{"name": <const>, key:
+/// <its parameters>}`.
+///
+/// A tool's parameters are a whole schema, and their references (`$ref`
+/// pointers such as pydantic's `#/$defs/Item`) are relative to that
+/// schema's root. Nested under the call's `properties`, they would point at
+/// nothing, so a tool whose parameters refer to anything moves to
+/// `$defs/tool<i>` of the call's schema and every `#...` pointer in it gains
+/// that prefix (`#/$defs/Item` -> `#/$defs/tool0/$defs/Item`, `#` ->
+/// `#/$defs/tool0`). Each tool keeps its own definitions, so two tools may
+/// both name one `Item`. Tools without references stay inline.
+fn call_schema(tools: &[&Tool], key: &str) -> Value {
+    let mut defs = serde_json::Map::new();
+    let alts: Vec<Value> = tools
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let mut params = t.parameters.clone();
+            let params = if has_ref(&params) {
+                let at = format!("#/$defs/tool{i}");
+                prefix_refs(&mut params, &at);
+                defs.insert(format!("tool{i}"), params);
+                json!({ "$ref": at })
+            } else {
+                params
+            };
+            json!({"type": "object",
+                   "properties": {"name": {"const": t.name}, key: params},
+                   "required": ["name", key], "additionalProperties": false})
+        })
+        .collect();
+    let mut schema = if alts.len() == 1 {
+        alts.into_iter().next().unwrap_or_default()
+    } else {
+        json!({ "anyOf": alts })
+    };
+    if let (false, Value::Object(m)) = (defs.is_empty(), &mut schema) {
+        m.insert("$defs".into(), Value::Object(defs));
+    }
+    schema
+}
+
+/// Keywords whose values are data, not schemas: a `"$ref"` key inside them
+/// is not a reference.
+const DATA_KEYWORDS: [&str; 4] = ["const", "enum", "default", "examples"];
+
+/// Whether `schema` holds a reference anywhere.
+fn has_ref(schema: &Value) -> bool {
+    match schema {
+        Value::Object(m) => m.iter().any(|(k, v)| {
+            (k == "$ref" && v.is_string()) || (!DATA_KEYWORDS.contains(&k.as_str()) && has_ref(v))
+        }),
+        Value::Array(a) => a.iter().any(has_ref),
+        _ => false,
+    }
+}
+
+/// Puts `at` in front of every same-document reference (`#...`) in
+/// `schema`.
+fn prefix_refs(schema: &mut Value, at: &str) {
+    match schema {
+        Value::Object(m) => {
+            for (k, v) in m.iter_mut() {
+                match v {
+                    Value::String(r) if k == "$ref" && r.starts_with('#') => {
+                        *r = format!("{at}{}", &r[1..]);
+                    }
+                    _ if DATA_KEYWORDS.contains(&k.as_str()) => {}
+                    _ => prefix_refs(v, at),
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(|v| prefix_refs(v, at)),
+        _ => {}
+    }
 }
 
 /// A call found in the output: the function and its arguments as a JSON
