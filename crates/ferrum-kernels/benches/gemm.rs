@@ -4,6 +4,7 @@
 //!
 //! `cargo bench -p ferrum-kernels --bench gemm [-- gemm_quant]`
 
+use ferrum_kernels::Gemm;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -35,7 +36,7 @@ fn bench_gemm(c: &mut Criterion) {
             group.bench_with_input(
                 BenchmarkId::new(format!("m{m}"), format!("n{n}_k{k}")),
                 &(),
-                |bch, _| bch.iter(|| CpuBackend::gemm(&mut (), &a, &b, &mut out, m, n, k)),
+                |bch, _| bch.iter(|| CpuBackend::gemm(&mut (), &a, &b, &mut out, Gemm { m, n, k })),
             );
         }
     }
@@ -114,8 +115,15 @@ fn bench_gemm_quant(c: &mut Criterion) {
             group.bench_with_input(BenchmarkId::new(&name, m), &m, |b, &m| {
                 b.iter_custom(|iters| {
                     timed_on(&pool, iters, |_| {
-                        CpuBackend::gemm_quant(&mut (), &a, &weights, &mut out, m, n, k, &kind)
-                            .unwrap_or_else(|e| panic!("{e}"))
+                        CpuBackend::gemm_quant(
+                            &mut (),
+                            &a,
+                            &weights,
+                            &mut out,
+                            Gemm { m, n, k },
+                            &kind,
+                        )
+                        .unwrap_or_else(|e| panic!("{e}"))
                     })
                 })
             });
@@ -180,8 +188,15 @@ fn bench_decode_from_memory(c: &mut Criterion) {
                             zeros: None,
                             g_idx: None,
                         };
-                        CpuBackend::gemm_quant(&mut (), &a, &weights, &mut out, m, n, k, &kind)
-                            .unwrap_or_else(|e| panic!("{e}"))
+                        CpuBackend::gemm_quant(
+                            &mut (),
+                            &a,
+                            &weights,
+                            &mut out,
+                            Gemm { m, n, k },
+                            &kind,
+                        )
+                        .unwrap_or_else(|e| panic!("{e}"))
                     })
                 })
             });

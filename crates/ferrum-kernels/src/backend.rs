@@ -16,6 +16,7 @@
 //! each op reads and writes only the extent its size arguments describe. A
 //! buffer smaller than that extent is a caller bug and panics.
 
+use crate::shapes::{Gemm, Mat};
 use ferrum_types::{FerrumError, GgmlType, Result};
 
 /// Which quantization scheme a [`Backend::gemm_quant`] weight uses.
@@ -539,27 +540,23 @@ pub trait Backend: Send + Sync + Sized + 'static {
         a: &Self::Buffer,
         b: &Self::Buffer,
         out: &mut Self::Buffer,
-        m: usize,
-        n: usize,
-        k: usize,
+        shape: Gemm,
     );
 
     // ── Norms ─────────────────────────────────────────────────────────────
 
-    /// `out[t] = x[t] / rms(x[t]) * w` for each of `tokens` rows of `dim`.
+    /// `out[t] = x[t] / rms(x[t]) * w` for each row `t` of `x`.
     fn rms_norm(
         ctx: &mut Self::Context,
         x: &Self::Buffer,
         w: &Self::Buffer,
         eps: f32,
         out: &mut Self::Buffer,
-        tokens: usize,
-        dim: usize,
+        shape: Mat,
     );
 
     /// `residual += x`, then `out = rms_norm(residual)`: the pre-norm
     /// transformer's residual update and next norm in one pass.
-    #[allow(clippy::too_many_arguments)]
     fn fused_add_rms_norm(
         ctx: &mut Self::Context,
         residual: &mut Self::Buffer,
@@ -567,8 +564,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         w: &Self::Buffer,
         eps: f32,
         out: &mut Self::Buffer,
-        tokens: usize,
-        dim: usize,
+        shape: Mat,
     );
 
     // ── Attention ─────────────────────────────────────────────────────────
@@ -725,13 +721,13 @@ pub trait Backend: Send + Sync + Sized + 'static {
     );
 
     /// `out[t, i] = silu(gate_up[t, i]) · gate_up[t, im + i]`: the SwiGLU
-    /// activation over a fused `[tokens, 2·im]` gate/up projection.
+    /// activation over a fused `[tokens, 2·im]` gate/up projection, `out`
+    /// being `shape = [tokens, im]`.
     fn fused_silu_mul_split(
         ctx: &mut Self::Context,
         gate_up: &Self::Buffer,
         out: &mut Self::Buffer,
-        tokens: usize,
-        im: usize,
+        shape: Mat,
     );
 
     /// `out[t, i] = gelu_tanh(gate_up[t, i]) · gate_up[t, im + i]`: GeGLU
@@ -742,8 +738,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         ctx: &mut Self::Context,
         gate_up: &Self::Buffer,
         out: &mut Self::Buffer,
-        tokens: usize,
-        im: usize,
+        shape: Mat,
     );
 
     /// Prepares Q, K or V for attention: token-major `[tokens, heads,
@@ -873,17 +868,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     );
 
     /// `data[r, c] += bias[c]` (biased projections: BERT, Qwen2's QKV).
-    fn add_bias(
-        ctx: &mut Self::Context,
-        data: &mut Self::Buffer,
-        bias: &Self::Buffer,
-        rows: usize,
-        cols: usize,
-    );
+    fn add_bias(ctx: &mut Self::Context, data: &mut Self::Buffer, bias: &Self::Buffer, shape: Mat);
 
     /// LayerNorm over the last dimension:
     /// `out = (x - mean) / sqrt(var + eps) · gamma + beta` (biased variance).
-    #[allow(clippy::too_many_arguments)]
     fn layer_norm(
         ctx: &mut Self::Context,
         x: &Self::Buffer,
@@ -891,8 +879,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         beta: &Self::Buffer,
         eps: f32,
         out: &mut Self::Buffer,
-        tokens: usize,
-        dim: usize,
+        shape: Mat,
     );
 
     /// Exact (erf) GELU, PyTorch's default: `x · Φ(x)`.
@@ -950,15 +937,12 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// `out[m, n] = a[m, k] · dequant(w)[n, k]ᵀ` with `w` packed as `kind`.
     /// Backends implement the kinds they have kernels for; the rest report
     /// `Unsupported` rather than computing something wrong.
-    #[allow(clippy::too_many_arguments)]
     fn gemm_quant(
         _ctx: &mut Self::Context,
         _a: &Self::Buffer,
         _weights: &QuantWeights<'_, Self>,
         _out: &mut Self::Buffer,
-        _m: usize,
-        _n: usize,
-        _k: usize,
+        _shape: Gemm,
         kind: &QuantKind,
     ) -> Result<()> {
         Err(FerrumError::unsupported(format!(

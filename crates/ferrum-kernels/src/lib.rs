@@ -12,6 +12,7 @@ pub mod cuda;
 mod paged;
 pub mod quant;
 mod seed_ops;
+mod shapes;
 
 pub use backend::{
     input_order, pack_bytes, packed_bytes, AttnConfig, AttnSegment, Backend, Capabilities,
@@ -24,3 +25,4 @@ pub use cpu::{CpuBackend, CpuBuffer, CpuDtype, CpuGptqWeight};
 pub use cuda::CudaBackend;
 pub use paged::{copy_append, encode_segments, gather_attention, rows_by_parts};
 pub use seed_ops::SeedOps;
+pub use shapes::{Gemm, Mat};

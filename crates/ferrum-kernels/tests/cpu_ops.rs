@@ -15,6 +15,7 @@ use ferrum_kernels::{
     copy_append, gather_attention, rows_by_parts, AttnConfig, AttnSegment, Backend, CpuBackend,
     KvCache, KvDtype, PagedKv, QkMode, QuantKind, QuantWeights, ReduceOp, SeedOps,
 };
+use ferrum_kernels::{Gemm, Mat};
 use half::f16;
 use proptest::prelude::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -65,7 +66,7 @@ fn check_gemm(m: usize, n: usize, k: usize, seed: u64) {
     }
     // Poison the output: every element must be written.
     let mut out = B::from_slice(&vec![f32::NAN; m * n]);
-    B::gemm(&mut (), &buf(&a), &buf(&b), &mut out, m, n, k);
+    B::gemm(&mut (), &buf(&a), &buf(&b), &mut out, Gemm { m, n, k });
     assert_close(
         &format!("gemm {m}x{n}x{k}"),
         &B::to_vec(&out, m * n),
@@ -607,7 +608,17 @@ fn rms_norm_and_fused_add() {
 
         let want = ref_rms(&x, &w, 1e-5, dim);
         let mut out = B::from_slice(&vec![f32::NAN; tokens * dim]);
-        B::rms_norm(&mut (), &buf(&x), &buf(&w), 1e-5, &mut out, tokens, dim);
+        B::rms_norm(
+            &mut (),
+            &buf(&x),
+            &buf(&w),
+            1e-5,
+            &mut out,
+            Mat {
+                rows: tokens,
+                cols: dim,
+            },
+        );
         assert_close("rms_norm", &out, &want, tol(&want));
 
         let sum: Vec<f32> = x.iter().zip(&r0).map(|(a, b)| a + b).collect();
@@ -621,8 +632,10 @@ fn rms_norm_and_fused_add() {
             &buf(&w),
             1e-6,
             &mut out,
-            tokens,
-            dim,
+            Mat {
+                rows: tokens,
+                cols: dim,
+            },
         );
         assert_eq!(&residual[..], &sum[..], "fused_add_rms_norm residual");
         assert_close("fused_add_rms_norm", &out, &want, tol(&want));
@@ -660,8 +673,10 @@ fn layer_norm_matches_reference() {
             &buf(&bta),
             1e-12,
             &mut out,
-            tokens,
-            dim,
+            Mat {
+                rows: tokens,
+                cols: dim,
+            },
         );
         assert_close("layer_norm", &out, &want, |i| 2e-6 * (1.0 + want[i].abs()));
     }
@@ -988,7 +1003,15 @@ fn activations_and_adds() {
             })
             .collect();
         let mut out = B::from_slice(&vec![f32::NAN; tokens * im]);
-        B::fused_silu_mul_split(&mut (), &buf(&gu), &mut out, tokens, im);
+        B::fused_silu_mul_split(
+            &mut (),
+            &buf(&gu),
+            &mut out,
+            Mat {
+                rows: tokens,
+                cols: im,
+            },
+        );
         assert_close("silu_mul", &out, &want, |i| 2e-6 * (1.0 + want[i].abs()));
 
         let want: Vec<f64> = (0..tokens * im)
@@ -1000,7 +1023,15 @@ fn activations_and_adds() {
             })
             .collect();
         let mut out = B::from_slice(&vec![f32::NAN; tokens * im]);
-        B::fused_gelu_tanh_mul_split(&mut (), &buf(&gu), &mut out, tokens, im);
+        B::fused_gelu_tanh_mul_split(
+            &mut (),
+            &buf(&gu),
+            &mut out,
+            Mat {
+                rows: tokens,
+                cols: im,
+            },
+        );
         assert_close("gelu_tanh_mul", &out, &want, |i| {
             2e-6 * (1.0 + want[i].abs())
         });
@@ -1054,7 +1085,15 @@ fn activations_and_adds() {
         }
         let bias = rand_vec(&mut rng, im);
         let mut d = buf(x);
-        B::add_bias(&mut (), &mut d, &buf(&bias), tokens, im);
+        B::add_bias(
+            &mut (),
+            &mut d,
+            &buf(&bias),
+            Mat {
+                rows: tokens,
+                cols: im,
+            },
+        );
         for i in 0..n {
             assert_eq!(d[i], x[i] + bias[i % im]);
         }
@@ -1199,7 +1238,8 @@ fn check_documented_defaults<Bk: SeedOps>() {
         bits: 4,
         group_size: 128,
     };
-    let err = Bk::gemm_quant(&mut ctx, &a, &w, &mut out, 1, 1, 4, &kind).unwrap_err();
+    let err =
+        Bk::gemm_quant(&mut ctx, &a, &w, &mut out, Gemm { m: 1, n: 1, k: 4 }, &kind).unwrap_err();
     assert!(
         err.is_unsupported() && err.to_string().contains("Awq"),
         "{err}"

@@ -16,6 +16,7 @@ use ferrum_kernels::{
     pack_bytes, AttnConfig, AttnSegment, Backend, CpuBackend as C, CudaBackend as G, ExpertRows,
     GgufQuantType, PagedKv, QkMode, QuantKind, QuantWeights, SeedOps,
 };
+use ferrum_kernels::{Gemm, Mat};
 use ferrum_types::GgmlType;
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
 
@@ -70,9 +71,9 @@ fn dense_gemm() {
         let (ca, ga) = up(&a);
         let (cb, gb) = up(&b);
         let (mut co, mut go) = (C::alloc(m * n), G::alloc(m * n));
-        C::gemm(&mut (), &ca, &cb, &mut co, m, n, k);
+        C::gemm(&mut (), &ca, &cb, &mut co, Gemm { m, n, k });
         let ctx = &mut G::new_context();
-        G::gemm(ctx, &ga, &gb, &mut go, m, n, k);
+        G::gemm(ctx, &ga, &gb, &mut go, Gemm { m, n, k });
         G::sync(ctx);
         assert_nmse(
             &format!("gemm {m}x{n}x{k}"),
@@ -128,7 +129,7 @@ fn quantized_gemm_every_block_type() {
             let a = rand_vec(&mut rng, m * k);
             let (ca, ga) = up(&a);
             let (mut co, mut go) = (C::alloc(m * n), G::alloc(m * n));
-            C::gemm(&mut (), &ca, &cw, &mut co, m, n, k);
+            C::gemm(&mut (), &ca, &cw, &mut co, Gemm { m, n, k });
             let ctx = &mut G::new_context();
             let qw = QuantWeights::<G> {
                 qweight: &gw,
@@ -136,7 +137,7 @@ fn quantized_gemm_every_block_type() {
                 zeros: None,
                 g_idx: None,
             };
-            G::gemm_quant(ctx, &ga, &qw, &mut go, m, n, k, &kind).unwrap();
+            G::gemm_quant(ctx, &ga, &qw, &mut go, Gemm { m, n, k }, &kind).unwrap();
             G::sync(ctx);
             assert_nmse(
                 &format!("gemm_quant {ty:?} m={m} k={k} f32 {f32_activations}"),
@@ -243,7 +244,7 @@ fn grouped_expert_gemm_and_gather_add() {
                 C::from_slice(&experts[e].0),
             );
             let mut co = C::alloc(rows * n);
-            C::gemm(&mut (), &ca, &cw, &mut co, rows, n, k);
+            C::gemm(&mut (), &ca, &cw, &mut co, Gemm { m: rows, n, k });
             want[start * n..(start + rows) * n].copy_from_slice(&C::to_vec(&co, rows * n));
         }
         let ga = G::from_slice(&a);
@@ -317,18 +318,42 @@ fn elementwise_and_layout_ops() {
     };
 
     let (mut co, mut go) = (C::alloc(n), G::alloc(n));
-    C::rms_norm(&mut (), &cx, &cw, 1e-6, &mut co, t, d);
-    G::rms_norm(ctx, &gx, &gw, 1e-6, &mut go, t, d);
+    C::rms_norm(&mut (), &cx, &cw, 1e-6, &mut co, Mat { rows: t, cols: d });
+    G::rms_norm(ctx, &gx, &gw, 1e-6, &mut go, Mat { rows: t, cols: d });
     check("rms_norm", &go, &co, n);
 
     let (mut cr, mut gr) = up(&y);
-    C::fused_add_rms_norm(&mut (), &mut cr, &cx, &cw, 1e-5, &mut co, t, d);
-    G::fused_add_rms_norm(ctx, &mut gr, &gx, &gw, 1e-5, &mut go, t, d);
+    C::fused_add_rms_norm(
+        &mut (),
+        &mut cr,
+        &cx,
+        &cw,
+        1e-5,
+        &mut co,
+        Mat { rows: t, cols: d },
+    );
+    G::fused_add_rms_norm(
+        ctx,
+        &mut gr,
+        &gx,
+        &gw,
+        1e-5,
+        &mut go,
+        Mat { rows: t, cols: d },
+    );
     check("fused_add_rms_norm out", &go, &co, n);
     check("fused_add_rms_norm residual", &gr, &cr, n);
 
-    C::layer_norm(&mut (), &cx, &cw, &cb, 1e-12, &mut co, t, d);
-    G::layer_norm(ctx, &gx, &gw, &gb, 1e-12, &mut go, t, d);
+    C::layer_norm(
+        &mut (),
+        &cx,
+        &cw,
+        &cb,
+        1e-12,
+        &mut co,
+        Mat { rows: t, cols: d },
+    );
+    G::layer_norm(ctx, &gx, &gw, &gb, 1e-12, &mut go, Mat { rows: t, cols: d });
     check("layer_norm", &go, &co, n);
 
     C::gelu(&mut (), &cx, &mut co, n);
@@ -344,17 +369,17 @@ fn elementwise_and_layout_ops() {
     C::scale_add_rows(&mut (), &cx, &rows, &w, &mut cr, d);
     G::scale_add_rows(ctx, &gx, &rows, &w, &mut gr, d);
     check("scale_add_rows", &gr, &cr, n);
-    C::add_bias(&mut (), &mut cr, &cb, t, d);
-    G::add_bias(ctx, &mut gr, &gb, t, d);
+    C::add_bias(&mut (), &mut cr, &cb, Mat { rows: t, cols: d });
+    G::add_bias(ctx, &mut gr, &gb, Mat { rows: t, cols: d });
     check("add_bias", &gr, &cr, n);
 
     let im = d / 2;
     let (mut ca, mut ga) = (C::alloc(t * im), G::alloc(t * im));
-    C::fused_silu_mul_split(&mut (), &cx, &mut ca, t, im);
-    G::fused_silu_mul_split(ctx, &gx, &mut ga, t, im);
+    C::fused_silu_mul_split(&mut (), &cx, &mut ca, Mat { rows: t, cols: im });
+    G::fused_silu_mul_split(ctx, &gx, &mut ga, Mat { rows: t, cols: im });
     check("silu_mul", &ga, &ca, t * im);
-    C::fused_gelu_tanh_mul_split(&mut (), &cx, &mut ca, t, im);
-    G::fused_gelu_tanh_mul_split(ctx, &gx, &mut ga, t, im);
+    C::fused_gelu_tanh_mul_split(&mut (), &cx, &mut ca, Mat { rows: t, cols: im });
+    G::fused_gelu_tanh_mul_split(ctx, &gx, &mut ga, Mat { rows: t, cols: im });
     check("gelu_tanh_mul", &ga, &ca, t * im);
 
     // split_qkv with q 100, k/v 50 columns.

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
 
+use ferrum_kernels::{Gemm, Mat};
 use std::time::Duration;
 
 use ferrum_kernels::cpu::{on_pool, profile};
@@ -19,11 +20,18 @@ fn run_ops() {
     let mut out = B::alloc(m * n);
     let ctx = &mut B::new_context();
     for _ in 0..4 {
-        B::gemm(ctx, &a, &w, &mut out, m, n, k);
+        B::gemm(ctx, &a, &w, &mut out, Gemm { m, n, k });
     }
     let mut normed = B::alloc(m * n);
     let ones = B::from_slice(&vec![1.0; n]);
-    B::rms_norm(ctx, &out, &ones, 1e-6, &mut normed, m, n);
+    B::rms_norm(
+        ctx,
+        &out,
+        &ones,
+        1e-6,
+        &mut normed,
+        Mat { rows: m, cols: n },
+    );
     // Every output is 512 · 0.5 · 0.25; normed, each is 1.
     assert_eq!(B::to_vec(&out, 1), [64.0]);
     assert!((B::to_vec(&normed, 1)[0] - 1.0).abs() < 1e-6);

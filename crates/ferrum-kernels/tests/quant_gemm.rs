@@ -8,6 +8,7 @@
 use ferrum_kernels::cpu::{integer_activation_group, takes_int8_activations};
 use ferrum_kernels::quant::act::quantize_act;
 use ferrum_kernels::quant::dequantize;
+use ferrum_kernels::Gemm;
 use ferrum_kernels::{
     pack_bytes, Backend, CpuBackend, CpuDtype, GgufQuantType, KvDtype, QuantKind, QuantWeights,
 };
@@ -73,9 +74,7 @@ fn run_gemm_on(
         &B::from_slice(a),
         &weights,
         &mut out,
-        m,
-        n,
-        k,
+        Gemm { m, n, k },
         &kind,
     )
     .unwrap();
@@ -353,13 +352,27 @@ fn short_buffers_and_ragged_k_are_errors() {
             zeros: None,
             g_idx: None,
         };
-        assert!(B::gemm_quant(&mut (), &a, &w, &mut out, 1, 2, 64, &kind).is_ok());
         assert!(
-            B::gemm_quant(&mut (), &a, &w, &mut out, 1, too_many, 64, &kind).is_err(),
+            B::gemm_quant(&mut (), &a, &w, &mut out, Gemm { m: 1, n: 2, k: 64 }, &kind).is_ok()
+        );
+        assert!(
+            B::gemm_quant(
+                &mut (),
+                &a,
+                &w,
+                &mut out,
+                Gemm {
+                    m: 1,
+                    n: too_many,
+                    k: 64
+                },
+                &kind
+            )
+            .is_err(),
             "weight too short"
         );
         assert!(
-            B::gemm_quant(&mut (), &a, &w, &mut out, 1, 2, 48, &kind).is_err(),
+            B::gemm_quant(&mut (), &a, &w, &mut out, Gemm { m: 1, n: 2, k: 48 }, &kind).is_err(),
             "k not whole blocks"
         );
     }
@@ -375,7 +388,15 @@ fn short_buffers_and_ragged_k_are_errors() {
             int8_activations: false,
         };
         assert!(
-            B::gemm_quant(&mut (), &a, &w, &mut out, 1, 2, 64, &other).is_err(),
+            B::gemm_quant(
+                &mut (),
+                &a,
+                &w,
+                &mut out,
+                Gemm { m: 1, n: 2, k: 64 },
+                &other
+            )
+            .is_err(),
             "interleaved Q8_0 read as Q4_0"
         );
     }
@@ -405,7 +426,14 @@ fn short_buffers_and_ragged_k_are_errors() {
             quant_type: ty,
             int8_activations: false,
         };
-        let r = B::gemm_quant(&mut (), &a256, &w, &mut out, 1, 2, 256, &kind);
+        let r = B::gemm_quant(
+            &mut (),
+            &a256,
+            &w,
+            &mut out,
+            Gemm { m: 1, n: 2, k: 256 },
+            &kind,
+        );
         assert_eq!(r.is_ok(), ok, "{:?} read as {ty:?}", qw.dtype());
     }
     assert!(B::load_gguf(&[0u8; 34 * 3], t, 2, 64).is_err(), "short");

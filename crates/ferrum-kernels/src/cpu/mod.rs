@@ -57,6 +57,7 @@ pub use gptq::CpuGptqWeight;
 
 use crate::batch_attention::{self, AttnLayer, AttnPlan, AttnScratch};
 use crate::seed_ops::SeedOps;
+use crate::shapes::{Gemm, Mat};
 use crate::{
     packed_bytes, AttnConfig, AttnSegment, Backend, Capabilities, GgufQuantType, KvDtype, PagedKv,
     QkMode, QuantKind, QuantWeights,
@@ -299,11 +300,10 @@ impl Backend for CpuBackend {
         a: &Self::Buffer,
         weights: &QuantWeights<'_, Self>,
         out: &mut Self::Buffer,
-        m: usize,
-        n: usize,
-        k: usize,
+        shape: Gemm,
         kind: &QuantKind,
     ) -> Result<()> {
+        let Gemm { m, n, k } = shape;
         let _profile = profile::span(Op::GemmQuant);
         let _awake = awake::keep_awake();
         match kind {
@@ -340,10 +340,9 @@ impl Backend for CpuBackend {
         a: &Self::Buffer,
         b: &Self::Buffer,
         out: &mut Self::Buffer,
-        m: usize,
-        n: usize,
-        k: usize,
+        shape: Gemm,
     ) {
+        let Gemm { m, n, k } = shape;
         let _profile = profile::span(Op::Gemm);
         let _awake = awake::keep_awake();
         matmul::gemm(a, b, out, m, n, k);
@@ -355,9 +354,12 @@ impl Backend for CpuBackend {
         w: &Self::Buffer,
         eps: f32,
         out: &mut Self::Buffer,
-        tokens: usize,
-        dim: usize,
+        shape: Mat,
     ) {
+        let Mat {
+            rows: tokens,
+            cols: dim,
+        } = shape;
         let _profile = profile::span(Op::Norm);
         norm::rms_norm(x, w, eps, out, tokens, dim);
     }
@@ -369,9 +371,12 @@ impl Backend for CpuBackend {
         w: &Self::Buffer,
         eps: f32,
         out: &mut Self::Buffer,
-        tokens: usize,
-        dim: usize,
+        shape: Mat,
     ) {
+        let Mat {
+            rows: tokens,
+            cols: dim,
+        } = shape;
         let _profile = profile::span(Op::Norm);
         norm::fused_add_rms_norm(residual, x, w, eps, out, tokens, dim);
     }
@@ -568,9 +573,12 @@ impl Backend for CpuBackend {
         _ctx: &mut Self::Context,
         gate_up: &Self::Buffer,
         out: &mut Self::Buffer,
-        tokens: usize,
-        im: usize,
+        shape: Mat,
     ) {
+        let Mat {
+            rows: tokens,
+            cols: im,
+        } = shape;
         let _profile = profile::span(Op::Activation);
         activation::fused_silu_mul_split(gate_up, out, tokens, im);
     }
@@ -579,9 +587,12 @@ impl Backend for CpuBackend {
         _ctx: &mut Self::Context,
         gate_up: &Self::Buffer,
         out: &mut Self::Buffer,
-        tokens: usize,
-        im: usize,
+        shape: Mat,
     ) {
+        let Mat {
+            rows: tokens,
+            cols: im,
+        } = shape;
         let _profile = profile::span(Op::Activation);
         activation::fused_gelu_tanh_mul_split(gate_up, out, tokens, im);
     }
@@ -644,9 +655,9 @@ impl Backend for CpuBackend {
         _ctx: &mut Self::Context,
         data: &mut Self::Buffer,
         bias: &Self::Buffer,
-        rows: usize,
-        cols: usize,
+        shape: Mat,
     ) {
+        let Mat { rows, cols } = shape;
         let _profile = profile::span(Op::Activation);
         activation::add_bias(data, bias, rows, cols);
     }
@@ -658,9 +669,12 @@ impl Backend for CpuBackend {
         beta: &Self::Buffer,
         eps: f32,
         out: &mut Self::Buffer,
-        tokens: usize,
-        dim: usize,
+        shape: Mat,
     ) {
+        let Mat {
+            rows: tokens,
+            cols: dim,
+        } = shape;
         let _profile = profile::span(Op::Norm);
         norm::layer_norm(x, gamma, beta, eps, out, tokens, dim);
     }

@@ -25,6 +25,7 @@ use crate::backend::{
 };
 use crate::batch_attention::{self, AttnLayer, AttnPlan, AttnScratch};
 use crate::seed_ops::SeedOps;
+use crate::shapes::{Gemm, Mat};
 
 /// `Backend` on an NVIDIA GPU.
 pub struct CudaBackend;
@@ -288,10 +289,9 @@ impl Backend for CudaBackend {
         a: &Self::Buffer,
         b: &Self::Buffer,
         out: &mut Self::Buffer,
-        m: usize,
-        n: usize,
-        k: usize,
+        shape: Gemm,
     ) {
+        let Gemm { m, n, k } = shape;
         gemm::sgemm(ctx, a, b, out, m, n, k);
     }
 
@@ -301,9 +301,12 @@ impl Backend for CudaBackend {
         w: &Self::Buffer,
         eps: f32,
         out: &mut Self::Buffer,
-        tokens: usize,
-        dim: usize,
+        shape: Mat,
     ) {
+        let Mat {
+            rows: tokens,
+            cols: dim,
+        } = shape;
         launch::rms_norm(ctx, per_row(tokens, 256), x, w, out, eps, i(dim));
     }
 
@@ -314,9 +317,12 @@ impl Backend for CudaBackend {
         w: &Self::Buffer,
         eps: f32,
         out: &mut Self::Buffer,
-        tokens: usize,
-        dim: usize,
+        shape: Mat,
     ) {
+        let Mat {
+            rows: tokens,
+            cols: dim,
+        } = shape;
         launch::fused_add_rms_norm(ctx, per_row(tokens, 256), residual, x, w, out, eps, i(dim));
     }
 
@@ -508,9 +514,12 @@ impl Backend for CudaBackend {
         ctx: &mut CudaContext,
         gate_up: &Self::Buffer,
         out: &mut Self::Buffer,
-        tokens: usize,
-        im: usize,
+        shape: Mat,
     ) {
+        let Mat {
+            rows: tokens,
+            cols: im,
+        } = shape;
         launch::silu_mul(ctx, linear(tokens * im), gate_up, out, i(tokens), i(im));
     }
 
@@ -518,9 +527,12 @@ impl Backend for CudaBackend {
         ctx: &mut CudaContext,
         gate_up: &Self::Buffer,
         out: &mut Self::Buffer,
-        tokens: usize,
-        im: usize,
+        shape: Mat,
     ) {
+        let Mat {
+            rows: tokens,
+            cols: im,
+        } = shape;
         launch::gelu_tanh_mul(ctx, linear(tokens * im), gate_up, out, i(tokens), i(im));
     }
 
@@ -634,13 +646,8 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn add_bias(
-        ctx: &mut CudaContext,
-        data: &mut Self::Buffer,
-        bias: &Self::Buffer,
-        rows: usize,
-        cols: usize,
-    ) {
+    fn add_bias(ctx: &mut CudaContext, data: &mut Self::Buffer, bias: &Self::Buffer, shape: Mat) {
+        let Mat { rows, cols } = shape;
         launch::add_bias(ctx, linear(rows * cols), data, bias, i(rows), i(cols));
     }
 
@@ -651,9 +658,12 @@ impl Backend for CudaBackend {
         beta: &Self::Buffer,
         eps: f32,
         out: &mut Self::Buffer,
-        tokens: usize,
-        dim: usize,
+        shape: Mat,
     ) {
+        let Mat {
+            rows: tokens,
+            cols: dim,
+        } = shape;
         launch::layer_norm(ctx, per_row(tokens, 256), x, gamma, beta, out, eps, i(dim));
     }
 
@@ -695,11 +705,10 @@ impl Backend for CudaBackend {
         a: &Self::Buffer,
         weights: &QuantWeights<'_, Self>,
         out: &mut Self::Buffer,
-        m: usize,
-        n: usize,
-        k: usize,
+        shape: Gemm,
         kind: &QuantKind,
     ) -> Result<()> {
+        let Gemm { m, n, k } = shape;
         let QuantKind::Gguf { quant_type, .. } = kind else {
             return Err(FerrumError::unsupported(format!(
                 "CUDA gemm_quant({kind:?}): only GGUF block formats"

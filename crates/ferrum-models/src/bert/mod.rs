@@ -9,6 +9,7 @@ mod config;
 mod pooling;
 mod weights;
 
+use ferrum_kernels::{Gemm, Mat};
 use std::path::Path;
 
 use ferrum_formats::hf_config::HfConfig;
@@ -227,8 +228,8 @@ fn dense<B: Backend>(
     n: usize,
     k: usize,
 ) {
-    B::gemm(ctx, a, &d.w, out, m, n, k);
-    B::add_bias(ctx, out, &d.b, m, n);
+    B::gemm(ctx, a, &d.w, out, Gemm { m, n, k });
+    B::add_bias(ctx, out, &d.b, Mat { rows: m, cols: n });
 }
 
 fn layer_norm<B: Backend>(
@@ -240,5 +241,5 @@ fn layer_norm<B: Backend>(
     rows: usize,
     dim: usize,
 ) {
-    B::layer_norm(ctx, x, &n.gamma, &n.beta, eps, out, rows, dim);
+    B::layer_norm(ctx, x, &n.gamma, &n.beta, eps, out, Mat { rows, cols: dim });
 }

@@ -4,6 +4,7 @@
 
 use ferrum_kernels::quant::dequantize;
 use ferrum_kernels::{input_order, Backend, GgufQuantType, QuantKind, QuantWeights};
+use ferrum_kernels::{Gemm, Mat};
 use ferrum_types::{FerrumError, Result};
 
 use super::tensors::{Bytes, Raw};
@@ -86,7 +87,7 @@ impl<B: Backend> Linear<B> {
     ) -> Result<()> {
         match self {
             Linear::Dense(w) => {
-                B::gemm(ctx, x, w, out, m, n, k);
+                B::gemm(ctx, x, w, out, Gemm { m, n, k });
                 Ok(())
             }
             Linear::Quant { w, kind, order } => {
@@ -96,7 +97,7 @@ impl<B: Backend> Linear<B> {
                     zeros: None,
                     g_idx: order.as_ref(),
                 };
-                B::gemm_quant(ctx, x, &qw, out, m, n, k, kind)
+                B::gemm_quant(ctx, x, &qw, out, Gemm { m, n, k }, kind)
             }
         }
     }
@@ -274,7 +275,15 @@ impl<B: Backend> Qkv<B> {
             Qkv::Fused { w, bias } => {
                 w.forward(ctx, x, fused, m, qd + 2 * kvd, hidden)?;
                 if let Some(b) = bias {
-                    B::add_bias(ctx, fused, b, m, qd + 2 * kvd);
+                    B::add_bias(
+                        ctx,
+                        fused,
+                        b,
+                        Mat {
+                            rows: m,
+                            cols: qd + 2 * kvd,
+                        },
+                    );
                 }
                 B::split_qkv(ctx, fused, q, k, v, m, qd, kvd);
             }
@@ -288,7 +297,7 @@ impl<B: Backend> Qkv<B> {
                 }
                 if let Some(bias) = bias {
                     for ((b, out), n) in bias.iter().zip([q, k, v]).zip([qd, kvd, kvd]) {
-                        B::add_bias(ctx, out, b, m, n);
+                        B::add_bias(ctx, out, b, Mat { rows: m, cols: n });
                     }
                 }
             }

@@ -21,6 +21,7 @@
 //! reordering.
 
 use ferrum_kernels::{AttnConfig, Backend, PagedKv, QkMode};
+use ferrum_kernels::{Gemm, Mat};
 use ferrum_types::{FerrumError, Result};
 
 use super::config::MlaConfig;
@@ -205,7 +206,17 @@ impl<B: Backend> MlaWeights<B> {
         // Latent outputs to each head's values, then token-major.
         for h in 0..heads {
             B::copy_slice(ctx, &s.o_lat, h * n * dkv, &mut s.head_in, 0, n * dkv);
-            B::gemm(ctx, &s.head_in, &self.to_v[h], &mut s.head_out, n, m.v, dkv);
+            B::gemm(
+                ctx,
+                &s.head_in,
+                &self.to_v[h],
+                &mut s.head_out,
+                Gemm {
+                    m: n,
+                    n: m.v,
+                    k: dkv,
+                },
+            );
             B::copy_slice(ctx, &s.head_out, 0, &mut s.o_heads, h * n * m.v, n * m.v);
         }
         B::transpose_head_to_token(ctx, &s.o_heads, &mut s.o_tok, n, heads, m.v);
@@ -231,7 +242,17 @@ impl<B: Backend> MlaWeights<B> {
             MlaQuery::LowRank { rank, a, norm, b } => {
                 let rank = *rank;
                 a.forward(ctx, &s.xs, &mut s.qa, n, rank, hidden)?;
-                B::rms_norm(ctx, &s.qa, norm, eps, &mut s.qan, n, rank);
+                B::rms_norm(
+                    ctx,
+                    &s.qa,
+                    norm,
+                    eps,
+                    &mut s.qan,
+                    Mat {
+                        rows: n,
+                        cols: rank,
+                    },
+                );
                 b.forward(ctx, &s.qan, &mut s.qb, n, heads * qk, rank)?;
             }
             MlaQuery::Full(q) => q.forward(ctx, &s.xs, &mut s.qb, n, heads * qk, hidden)?,
@@ -247,9 +268,11 @@ impl<B: Backend> MlaWeights<B> {
                 &s.head_in,
                 &self.absorb_q[h],
                 &mut s.head_out,
-                n,
-                dkv,
-                qk,
+                Gemm {
+                    m: n,
+                    n: dkv,
+                    k: qk,
+                },
             );
             B::copy_slice(ctx, &s.head_out, 0, &mut s.q_lat, h * n * dkv, n * dkv);
         }
@@ -269,15 +292,45 @@ impl<B: Backend> MlaWeights<B> {
     ) -> Result<()> {
         let (rank, dkv) = (m.kv_lora_rank, m.kv_lora_rank + m.rope);
         self.kv_a.forward(ctx, &s.xs, &mut s.c, n, rank, hidden)?;
-        B::rms_norm(ctx, &s.c, &self.kv_a_norm, eps, &mut s.cn, n, rank);
+        B::rms_norm(
+            ctx,
+            &s.c,
+            &self.kv_a_norm,
+            eps,
+            &mut s.cn,
+            Mat {
+                rows: n,
+                cols: rank,
+            },
+        );
         self.k_rope
             .forward(ctx, &s.xs, &mut s.kr, n, m.rope, hidden)?;
         let mode = QkMode::Rope;
         B::qk_norm_rope(
             ctx, &s.kr, &s.empty, kc, ks, &mut s.krh, n, 1, m.rope, p, eps, mode,
         );
-        B::gemm(ctx, &s.cn, &self.place_latent, &mut s.v, n, dkv, rank);
-        B::gemm(ctx, &s.krh, &self.place_rope, &mut s.tmp, n, dkv, m.rope);
+        B::gemm(
+            ctx,
+            &s.cn,
+            &self.place_latent,
+            &mut s.v,
+            Gemm {
+                m: n,
+                n: dkv,
+                k: rank,
+            },
+        );
+        B::gemm(
+            ctx,
+            &s.krh,
+            &self.place_rope,
+            &mut s.tmp,
+            Gemm {
+                m: n,
+                n: dkv,
+                k: m.rope,
+            },
+        );
         B::copy_slice(ctx, &s.v, 0, &mut s.k, 0, n * dkv);
         B::add_inplace(ctx, &mut s.k, &s.tmp, n * dkv);
         Ok(())

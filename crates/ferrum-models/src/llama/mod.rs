@@ -19,6 +19,7 @@ mod quantized;
 mod tensors;
 mod weights;
 
+use ferrum_kernels::{Gemm, Mat};
 use std::path::Path;
 
 use ferrum_formats::gguf::GgufFile;
@@ -410,8 +411,7 @@ impl<B: Backend> LlamaModel<B> {
             &self.w.layers[0].attn_norm,
             eps,
             &mut s.xn,
-            rows,
-            h,
+            Mat { rows, cols: h },
         );
         for l in 0..self.cfg.layers {
             self.attention(ctx, l, segs, rows)?;
@@ -648,18 +648,31 @@ impl<B: Backend> LlamaModel<B> {
         let (s, lw) = (&mut self.scratch, &self.w.layers[l]);
         lw.o.forward(ctx, &s.attn, &mut s.o, rows, h, width)?;
         if let Some(b) = &lw.o_bias {
-            B::add_bias(ctx, &mut s.o, b, rows, h);
+            B::add_bias(ctx, &mut s.o, b, Mat { rows, cols: h });
         }
         // Residual + pre-MLP norm.
         match &lw.post_attn_norm {
             Some(post) => {
-                B::rms_norm(ctx, &s.o, post, eps, &mut s.xn, rows, h);
+                B::rms_norm(ctx, &s.o, post, eps, &mut s.xn, Mat { rows, cols: h });
                 B::add_inplace(ctx, &mut s.x, &s.xn, rows * h);
-                B::rms_norm(ctx, &s.x, &lw.ffn_norm, eps, &mut s.xn, rows, h);
+                B::rms_norm(
+                    ctx,
+                    &s.x,
+                    &lw.ffn_norm,
+                    eps,
+                    &mut s.xn,
+                    Mat { rows, cols: h },
+                );
             }
-            None => {
-                B::fused_add_rms_norm(ctx, &mut s.x, &s.o, &lw.ffn_norm, eps, &mut s.xn, rows, h)
-            }
+            None => B::fused_add_rms_norm(
+                ctx,
+                &mut s.x,
+                &s.o,
+                &lw.ffn_norm,
+                eps,
+                &mut s.xn,
+                Mat { rows, cols: h },
+            ),
         }
         Ok(())
     }
@@ -707,11 +720,19 @@ impl<B: Backend> LlamaModel<B> {
         };
         match &lw.post_ffn_norm {
             Some(post) => {
-                B::rms_norm(ctx, &s.o, post, eps, &mut s.xn, rows, h);
+                B::rms_norm(ctx, &s.o, post, eps, &mut s.xn, Mat { rows, cols: h });
                 B::add_inplace(ctx, &mut s.x, &s.xn, rows * h);
-                B::rms_norm(ctx, &s.x, next_norm, eps, &mut s.xn, rows, h);
+                B::rms_norm(ctx, &s.x, next_norm, eps, &mut s.xn, Mat { rows, cols: h });
             }
-            None => B::fused_add_rms_norm(ctx, &mut s.x, &s.o, next_norm, eps, &mut s.xn, rows, h),
+            None => B::fused_add_rms_norm(
+                ctx,
+                &mut s.x,
+                &s.o,
+                next_norm,
+                eps,
+                &mut s.xn,
+                Mat { rows, cols: h },
+            ),
         }
         Ok(())
     }
@@ -738,9 +759,17 @@ impl<B: Backend> LlamaModel<B> {
         }
         match (&self.w.lm_head, &self.w.embed) {
             (Some(head), _) => head.forward(ctx, &s.sel, &mut s.head_out, rows, vocab, h)?,
-            (None, Embedding::Dense(table)) => {
-                B::gemm(ctx, &s.sel, table, &mut s.head_out, rows, vocab, h)
-            }
+            (None, Embedding::Dense(table)) => B::gemm(
+                ctx,
+                &s.sel,
+                table,
+                &mut s.head_out,
+                Gemm {
+                    m: rows,
+                    n: vocab,
+                    k: h,
+                },
+            ),
             (None, Embedding::Blocks { .. }) => {
                 return Err(FerrumError::invalid("tied head needs a dense table"))
             }

@@ -16,6 +16,7 @@
 
 use ferrum_formats::gguf::GgufFile;
 use ferrum_kernels::quant::dequantize;
+use ferrum_kernels::Mat;
 use ferrum_kernels::{Backend, ExpertRows, GgufQuantType, QuantKind};
 use ferrum_types::{FerrumError, Result};
 
@@ -384,10 +385,24 @@ impl<B: Backend> MoeWeights<B> {
             gate_up_type,
         )?;
         match act {
-            Activation::Silu => B::fused_silu_mul_split(ctx, &s.gate_up, &mut s.act, slots, im),
-            Activation::GeluTanh => {
-                B::fused_gelu_tanh_mul_split(ctx, &s.gate_up, &mut s.act, slots, im)
-            }
+            Activation::Silu => B::fused_silu_mul_split(
+                ctx,
+                &s.gate_up,
+                &mut s.act,
+                Mat {
+                    rows: slots,
+                    cols: im,
+                },
+            ),
+            Activation::GeluTanh => B::fused_gelu_tanh_mul_split(
+                ctx,
+                &s.gate_up,
+                &mut s.act,
+                Mat {
+                    rows: slots,
+                    cols: im,
+                },
+            ),
         }
         B::gemm_quant_experts(
             ctx,
@@ -419,15 +434,33 @@ impl<B: Backend> Expert<B> {
     ) -> Result<()> {
         self.gate_up.forward(ctx, x, gate_up, n, 2 * im, hidden)?;
         if let Some([b, _]) = &self.bias {
-            B::add_bias(ctx, gate_up, b, n, 2 * im);
+            B::add_bias(
+                ctx,
+                gate_up,
+                b,
+                Mat {
+                    rows: n,
+                    cols: 2 * im,
+                },
+            );
         }
         match act {
-            Activation::Silu => B::fused_silu_mul_split(ctx, gate_up, a, n, im),
-            Activation::GeluTanh => B::fused_gelu_tanh_mul_split(ctx, gate_up, a, n, im),
+            Activation::Silu => B::fused_silu_mul_split(ctx, gate_up, a, Mat { rows: n, cols: im }),
+            Activation::GeluTanh => {
+                B::fused_gelu_tanh_mul_split(ctx, gate_up, a, Mat { rows: n, cols: im })
+            }
         }
         self.down.forward(ctx, a, out, n, hidden, im)?;
         if let Some([_, b]) = &self.bias {
-            B::add_bias(ctx, out, b, n, hidden);
+            B::add_bias(
+                ctx,
+                out,
+                b,
+                Mat {
+                    rows: n,
+                    cols: hidden,
+                },
+            );
         }
         Ok(())
     }
