@@ -20,7 +20,7 @@ use criterion::measurement::WallTime;
 use criterion::{
     criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, Throughput,
 };
-use ferrum_kernels::{AttnConfig, AttnSegment, Backend, CpuBackend, KvDtype, PagedKv};
+use ferrum_kernels::{AttnConfig, AttnSegment, Backend, CpuBackend, KvDtype, PagedKv, Span};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// Causal attention of `nh` query heads on `nkv` KV heads of `hd`.
@@ -75,13 +75,14 @@ fn bench_attention(c: &mut Criterion) {
                     CpuBackend::flash_attention(
                         &mut (),
                         &q,
-                        &k,
-                        &v,
+                        [&k, &v],
                         &mut out,
                         1,
-                        q_len,
-                        kv_len,
-                        pos_offset,
+                        Span {
+                            q_len,
+                            kv_len,
+                            pos_offset,
+                        },
                         &cfg,
                     )
                 })
@@ -128,13 +129,14 @@ fn bench_paged_decode(c: &mut Criterion) {
                         CpuBackend::paged_attention(
                             &mut (),
                             &q,
-                            k,
-                            v,
+                            [k, v],
                             &pages,
                             &mut out,
-                            1,
-                            kv_len,
-                            kv_len - 1,
+                            Span {
+                                q_len: 1,
+                                kv_len,
+                                pos_offset: kv_len - 1,
+                            },
                             &cfg,
                         );
                     }
@@ -197,8 +199,7 @@ fn bench_batch_decode(c: &mut Criterion) {
                         CpuBackend::paged_attention_segments(
                             &mut (),
                             &q,
-                            k,
-                            v,
+                            [k, v],
                             &segs,
                             &mut out,
                             &cfg,

@@ -4,11 +4,10 @@
 //!
 //! `cargo bench -p ferrum-kernels --bench gemm [-- gemm_quant]`
 
-use ferrum_kernels::Gemm;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use ferrum_kernels::{Backend, CpuBackend, GgufQuantType, QuantKind, QuantWeights};
+use ferrum_kernels::{Backend, CpuBackend, Gemm, GgufQuantType, QuantKind, QuantWeights};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 fn bench_gemm(c: &mut Criterion) {

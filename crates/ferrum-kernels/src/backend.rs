@@ -16,7 +16,7 @@
 //! each op reads and writes only the extent its size arguments describe. A
 //! buffer smaller than that extent is a caller bug and panics.
 
-use crate::shapes::{Gemm, Mat};
+use crate::shapes::{Gemm, Mat, Span};
 use ferrum_types::{FerrumError, GgmlType, Result};
 
 /// Which quantization scheme a [`Backend::gemm_quant`] weight uses.
@@ -575,17 +575,13 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// it sees keys `j <= pos_offset + i`, further limited by
     /// `cfg.sliding_window`. Query head `h` reads KV head
     /// `h / (num_heads / num_kv_heads)` (grouped-query attention).
-    #[allow(clippy::too_many_arguments)]
     fn flash_attention(
         ctx: &mut Self::Context,
         q: &Self::Buffer,
-        k: &Self::Buffer,
-        v: &Self::Buffer,
+        kv: [&Self::Buffer; 2],
         out: &mut Self::Buffer,
         batch: usize,
-        q_len: usize,
-        kv_len: usize,
-        pos_offset: usize,
+        span: Span,
         cfg: &AttnConfig,
     );
 
@@ -625,22 +621,16 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// ignored. The default gathers the pages into contiguous buffers and
     /// calls `flash_attention`: exact on any backend, one extra copy of the
     /// context per call; backends with a paged kernel override it.
-    #[allow(clippy::too_many_arguments)]
     fn paged_attention(
         ctx: &mut Self::Context,
         q: &Self::Buffer,
-        k_pool: &Self::Buffer,
-        v_pool: &Self::Buffer,
+        pools: [&Self::Buffer; 2],
         pages: &PagedKv,
         out: &mut Self::Buffer,
-        q_len: usize,
-        kv_len: usize,
-        pos_offset: usize,
+        span: Span,
         cfg: &AttnConfig,
     ) {
-        crate::paged::gather_attention::<Self>(
-            ctx, q, k_pool, v_pool, pages, out, q_len, kv_len, pos_offset, cfg,
-        );
+        crate::paged::gather_attention::<Self>(ctx, q, pools, pages, out, span, cfg);
     }
 
     /// [`Backend::paged_attention`] for several sequences in one call, each
@@ -654,12 +644,12 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn paged_attention_segments(
         ctx: &mut Self::Context,
         q: &Self::Buffer,
-        k_pool: &Self::Buffer,
-        v_pool: &Self::Buffer,
+        pools: [&Self::Buffer; 2],
         segs: &[AttnSegment],
         out: &mut Self::Buffer,
         cfg: &AttnConfig,
     ) {
+        let [k_pool, v_pool] = pools;
         for s in segs {
             let len = cfg.num_heads * s.q_len * cfg.head_dim;
             let (mut sq, mut so) = (Self::alloc(len), Self::alloc(len));
@@ -667,13 +657,14 @@ pub trait Backend: Send + Sync + Sized + 'static {
             Self::paged_attention(
                 ctx,
                 &sq,
-                k_pool,
-                v_pool,
+                [k_pool, v_pool],
                 &s.pages,
                 &mut so,
-                s.q_len,
-                s.kv_len,
-                s.pos_offset,
+                Span {
+                    q_len: s.q_len,
+                    kv_len: s.kv_len,
+                    pos_offset: s.pos_offset,
+                },
                 cfg,
             );
             Self::copy_slice(ctx, &so, 0, out, s.offset, len);

@@ -8,7 +8,7 @@
 //! kernels for (as vLLM's attention backends and llama.cpp's `build_attn`
 //! keep that choice out of the model code).
 
-use crate::{AttnConfig, AttnSegment, Backend, QkMode};
+use crate::{AttnConfig, AttnSegment, Backend, QkMode, Span};
 
 /// What one layer's attention reads and writes, besides the segments and
 /// the scratch space.
@@ -163,7 +163,7 @@ pub fn run<B: Backend>(
                 a.eps,
                 a.mode,
             );
-            B::paged_attention_segments(ctx, &s.heads_q, a.k_pool, a.v_pool, part, out, a.cfg);
+            B::paged_attention_segments(ctx, &s.heads_q, [a.k_pool, a.v_pool], part, out, a.cfg);
         }
         return;
     }
@@ -251,7 +251,7 @@ fn per_sequence<B: Backend>(
             B::copy_slice(ctx, &s.seg_qh, 0, &mut s.heads_q, seg.offset, n * qd);
             if i + 1 - first == plan.seg_chunk.max(1) || i + 1 == segs.len() {
                 let part = &segs[first..=i];
-                B::paged_attention_segments(ctx, &s.heads_q, kp, vp, part, &mut s.heads_out, cfg);
+                B::paged_attention_segments(ctx, &s.heads_q, [kp, vp], part, &mut s.heads_out, cfg);
                 first = i + 1;
             }
             continue;
@@ -260,13 +260,14 @@ fn per_sequence<B: Backend>(
         B::paged_attention(
             ctx,
             q_h,
-            kp,
-            vp,
+            [kp, vp],
             &seg.pages,
             &mut s.seg_attn,
-            n,
-            kv_len,
-            p,
+            Span {
+                q_len: n,
+                kv_len,
+                pos_offset: p,
+            },
             cfg,
         );
         if direct {

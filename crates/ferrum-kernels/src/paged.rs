@@ -4,23 +4,25 @@
 //! backends without dedicated kernels, and the reference the dedicated
 //! kernels are tested against.
 
-use crate::{AttnConfig, AttnSegment, Backend, PagedKv, QkMode};
+use crate::{AttnConfig, AttnSegment, Backend, PagedKv, QkMode, Span};
 
 /// Gathers keys/values `0..kv_len` into contiguous head-major buffers and
 /// runs [`Backend::flash_attention`] on them.
-#[allow(clippy::too_many_arguments)]
 pub fn gather_attention<B: Backend>(
     ctx: &mut B::Context,
     q: &B::Buffer,
-    k_pool: &B::Buffer,
-    v_pool: &B::Buffer,
+    pools: [&B::Buffer; 2],
     pages: &PagedKv,
     out: &mut B::Buffer,
-    q_len: usize,
-    kv_len: usize,
-    pos_offset: usize,
+    span: Span,
     cfg: &AttnConfig,
 ) {
+    let Span {
+        q_len,
+        kv_len,
+        pos_offset,
+    } = span;
+    let [k_pool, v_pool] = pools;
     let (nkv, hd, bs) = (cfg.num_kv_heads, cfg.head_dim, pages.block_size);
     let mut k = B::alloc(nkv * kv_len * hd);
     let mut v = B::alloc(nkv * kv_len * hd);
@@ -37,7 +39,19 @@ pub fn gather_attention<B: Backend>(
         kv_seq_stride: kv_len,
         ..cfg.clone()
     };
-    B::flash_attention(ctx, q, &k, &v, out, 1, q_len, kv_len, pos_offset, &cfg);
+    B::flash_attention(
+        ctx,
+        q,
+        [&k, &v],
+        out,
+        1,
+        Span {
+            q_len,
+            kv_len,
+            pos_offset,
+        },
+        &cfg,
+    );
 }
 
 /// Writes head-major new K/V rows into their pages, one copy per run of

@@ -36,3 +36,13 @@ impl Mat {
         self.len() == 0
     }
 }
+
+/// Which keys a run of queries attends to: `q_len` queries at absolute
+/// positions `pos_offset..pos_offset + q_len`, against keys `0..kv_len`
+/// (with a causal mask, query `i` sees keys up to `pos_offset + i`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub q_len: usize,
+    pub kv_len: usize,
+    pub pos_offset: usize,
+}

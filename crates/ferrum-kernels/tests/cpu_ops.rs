@@ -13,9 +13,8 @@
 
 use ferrum_kernels::{
     copy_append, gather_attention, rows_by_parts, AttnConfig, AttnSegment, Backend, CpuBackend,
-    KvCache, KvDtype, PagedKv, QkMode, QuantKind, QuantWeights, ReduceOp, SeedOps,
+    Gemm, KvCache, KvDtype, Mat, PagedKv, QkMode, QuantKind, QuantWeights, ReduceOp, SeedOps, Span,
 };
-use ferrum_kernels::{Gemm, Mat};
 use half::f16;
 use proptest::prelude::*;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -207,13 +206,14 @@ fn check_attention(
     B::flash_attention(
         &mut (),
         &buf(&q),
-        &buf(&k),
-        &buf(&v),
+        [&buf(&k), &buf(&v)],
         &mut out,
         batch,
-        q_len,
-        kv_len,
-        pos_offset,
+        Span {
+            q_len,
+            kv_len,
+            pos_offset,
+        },
         &cfg,
     );
     let vmax = v.iter().fold(0f32, |a, &x| a.max(x.abs())) as f64;
@@ -302,13 +302,14 @@ fn attention_window_of_one_copies_own_value() {
     B::flash_attention(
         &mut (),
         &buf(&q),
-        &buf(&k),
-        &buf(&v),
+        [&buf(&k), &buf(&v)],
         &mut out,
         1,
-        q_len,
-        kv_len,
-        pos,
+        Span {
+            q_len,
+            kv_len,
+            pos_offset: pos,
+        },
         &cfg,
     );
     for h in 0..nkv * group {
@@ -443,13 +444,14 @@ fn check_paged_attention(
     B::paged_attention(
         &mut (),
         &buf(&q),
-        &kp,
-        &vp,
+        [&kp, &vp],
         &pages,
         &mut out,
-        q_len,
-        kv_len,
-        off,
+        Span {
+            q_len,
+            kv_len,
+            pos_offset: off,
+        },
         &cfg,
     );
     let what = format!(
@@ -460,13 +462,14 @@ fn check_paged_attention(
     gather_attention::<B>(
         &mut (),
         &buf(&q),
-        &kp,
-        &vp,
+        [&kp, &vp],
         &pages,
         &mut out,
-        q_len,
-        kv_len,
-        off,
+        Span {
+            q_len,
+            kv_len,
+            pos_offset: off,
+        },
         &cfg,
     );
     assert_close(
@@ -554,13 +557,14 @@ fn check_segmented(dtype: KvDtype) {
         B::paged_attention(
             &mut (),
             &qs,
-            &kp,
-            &vp,
+            [&kp, &vp],
             &pages,
             &mut out,
-            q_len,
-            kv_len,
-            pos,
+            Span {
+                q_len,
+                kv_len,
+                pos_offset: pos,
+            },
             &cfg,
         );
         want.extend_from_slice(&B::to_vec(&out, n));
@@ -574,7 +578,7 @@ fn check_segmented(dtype: KvDtype) {
         offset += n;
     }
     let mut out = B::from_slice(&vec![f32::NAN; offset]);
-    B::paged_attention_segments(&mut (), &buf(&q), &kp, &vp, &segs, &mut out, &cfg);
+    B::paged_attention_segments(&mut (), &buf(&q), [&kp, &vp], &segs, &mut out, &cfg);
     assert_eq!(B::to_vec(&out, offset), want, "{dtype}");
 }
 

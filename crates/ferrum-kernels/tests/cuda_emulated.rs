@@ -20,7 +20,7 @@ use std::sync::{Mutex, OnceLock};
 
 use ferrum_kernels::quant::{dequantize, random_blocks};
 use ferrum_kernels::{
-    encode_segments, AttnConfig, AttnSegment, Backend, CpuBackend as C, PagedKv, QkMode,
+    encode_segments, AttnConfig, AttnSegment, Backend, CpuBackend as C, PagedKv, QkMode, Span,
 };
 use ferrum_types::GgmlType;
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
@@ -478,13 +478,14 @@ fn paged_attention_matches_the_cpu() {
             C::paged_attention(
                 &mut (),
                 &cq,
-                &ck,
-                &cv,
+                [&ck, &cv],
                 &s.pages,
                 &mut co,
-                s.q_len,
-                s.kv_len,
-                s.pos_offset,
+                Span {
+                    q_len: s.q_len,
+                    kv_len: s.kv_len,
+                    pos_offset: s.pos_offset,
+                },
                 &cfg,
             );
             want[s.offset..s.offset + len].copy_from_slice(&C::to_vec(&co, len));

@@ -14,9 +14,8 @@
 use ferrum_kernels::quant::{dequantize, random_blocks};
 use ferrum_kernels::{
     pack_bytes, AttnConfig, AttnSegment, Backend, CpuBackend as C, CudaBackend as G, ExpertRows,
-    GgufQuantType, PagedKv, QkMode, QuantKind, QuantWeights, SeedOps,
+    Gemm, GgufQuantType, Mat, PagedKv, QkMode, QuantKind, QuantWeights, SeedOps, Span,
 };
-use ferrum_kernels::{Gemm, Mat};
 use ferrum_types::GgmlType;
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
 
@@ -186,9 +185,33 @@ fn attention_matches_cpu() {
         };
         let ((cq, gq), (ck, gk), (cv, gv)) = (up(&q), up(&k), up(&v));
         let (mut co, mut go) = (C::alloc(q.len()), G::alloc(q.len()));
-        C::flash_attention(&mut (), &cq, &ck, &cv, &mut co, b, ql, kvl, pos, &cfg);
+        C::flash_attention(
+            &mut (),
+            &cq,
+            [&ck, &cv],
+            &mut co,
+            b,
+            Span {
+                q_len: ql,
+                kv_len: kvl,
+                pos_offset: pos,
+            },
+            &cfg,
+        );
         let ctx = &mut G::new_context();
-        G::flash_attention(ctx, &gq, &gk, &gv, &mut go, b, ql, kvl, pos, &cfg);
+        G::flash_attention(
+            ctx,
+            &gq,
+            [&gk, &gv],
+            &mut go,
+            b,
+            Span {
+                q_len: ql,
+                kv_len: kvl,
+                pos_offset: pos,
+            },
+            &cfg,
+        );
         G::sync(ctx);
         assert_nmse(
             &format!("attention b{b} h{nh}/{nkv} hd{hd} q{ql} kv{kvl}"),
@@ -613,8 +636,8 @@ fn paged_ops_match_cpu() {
             ELEMENTWISE,
         );
         let (mut co, mut go) = (C::alloc(q.len()), G::alloc(q.len()));
-        C::paged_attention_segments(&mut (), &cqo, &ckp, &cvp, &segs, &mut co, &cfg);
-        G::paged_attention_segments(ctx, &gqo, &gkp, &gvp, &segs, &mut go, &cfg);
+        C::paged_attention_segments(&mut (), &cqo, [&ckp, &cvp], &segs, &mut co, &cfg);
+        G::paged_attention_segments(ctx, &gqo, [&gkp, &gvp], &segs, &mut go, &cfg);
         G::sync(ctx);
         G::take_error(ctx).unwrap();
         assert_nmse(
@@ -654,25 +677,27 @@ fn paged_ops_match_cpu() {
         C::paged_attention(
             &mut (),
             &cpq,
-            &ckp,
-            &cvp,
+            [&ckp, &cvp],
             &pages,
             &mut co,
-            n,
-            pos + n,
-            pos,
+            Span {
+                q_len: n,
+                kv_len: pos + n,
+                pos_offset: pos,
+            },
             &cfg,
         );
         G::paged_attention(
             ctx,
             &gpq,
-            &gkp,
-            &gvp,
+            [&gkp, &gvp],
             &pages,
             &mut go,
-            n,
-            pos + n,
-            pos,
+            Span {
+                q_len: n,
+                kv_len: pos + n,
+                pos_offset: pos,
+            },
             &cfg,
         );
         G::sync(ctx);

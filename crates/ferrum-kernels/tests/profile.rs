@@ -4,11 +4,10 @@
 
 #![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
 
-use ferrum_kernels::{Gemm, Mat};
 use std::time::Duration;
 
 use ferrum_kernels::cpu::{on_pool, profile};
-use ferrum_kernels::{Backend, CpuBackend};
+use ferrum_kernels::{Backend, CpuBackend, Gemm, Mat};
 
 type B = CpuBackend;
 

@@ -8,9 +8,9 @@
 use ferrum_kernels::cpu::{integer_activation_group, takes_int8_activations};
 use ferrum_kernels::quant::act::quantize_act;
 use ferrum_kernels::quant::dequantize;
-use ferrum_kernels::Gemm;
 use ferrum_kernels::{
-    pack_bytes, Backend, CpuBackend, CpuDtype, GgufQuantType, KvDtype, QuantKind, QuantWeights,
+    pack_bytes, Backend, CpuBackend, CpuDtype, Gemm, GgufQuantType, KvDtype, QuantKind,
+    QuantWeights,
 };
 use ferrum_types::GgmlType;
 use rand::{rngs::StdRng, Rng, SeedableRng};

@@ -57,7 +57,7 @@ pub use gptq::CpuGptqWeight;
 
 use crate::batch_attention::{self, AttnLayer, AttnPlan, AttnScratch};
 use crate::seed_ops::SeedOps;
-use crate::shapes::{Gemm, Mat};
+use crate::shapes::{Gemm, Mat, Span};
 use crate::{
     packed_bytes, AttnConfig, AttnSegment, Backend, Capabilities, GgufQuantType, KvDtype, PagedKv,
     QkMode, QuantKind, QuantWeights,
@@ -384,15 +384,18 @@ impl Backend for CpuBackend {
     fn flash_attention(
         _ctx: &mut Self::Context,
         q: &Self::Buffer,
-        k: &Self::Buffer,
-        v: &Self::Buffer,
+        kv: [&Self::Buffer; 2],
         out: &mut Self::Buffer,
         batch: usize,
-        q_len: usize,
-        kv_len: usize,
-        pos_offset: usize,
+        span: Span,
         cfg: &AttnConfig,
     ) {
+        let Span {
+            q_len,
+            kv_len,
+            pos_offset,
+        } = span;
+        let [k, v] = kv;
         let _profile = profile::span(Op::Attention);
         let _awake = awake::keep_awake();
         attention::flash_attention(q, k, v, out, batch, q_len, kv_len, pos_offset, cfg);
@@ -408,15 +411,17 @@ impl Backend for CpuBackend {
     fn paged_attention(
         ctx: &mut Self::Context,
         q: &Self::Buffer,
-        k_pool: &Self::Buffer,
-        v_pool: &Self::Buffer,
+        pools: [&Self::Buffer; 2],
         pages: &PagedKv,
         out: &mut Self::Buffer,
-        q_len: usize,
-        kv_len: usize,
-        pos_offset: usize,
+        span: Span,
         cfg: &AttnConfig,
     ) {
+        let Span {
+            q_len,
+            kv_len,
+            pos_offset,
+        } = span;
         let _profile = profile::span(Op::Attention);
         let seg = AttnSegment {
             pages: *pages,
@@ -425,7 +430,7 @@ impl Backend for CpuBackend {
             kv_len,
             pos_offset,
         };
-        Self::paged_attention_segments(ctx, q, k_pool, v_pool, &[seg], out, cfg);
+        Self::paged_attention_segments(ctx, q, pools, &[seg], out, cfg);
     }
 
     /// Decode batches of several sequences as rows, 16 sequences a call
@@ -452,12 +457,12 @@ impl Backend for CpuBackend {
     fn paged_attention_segments(
         _ctx: &mut Self::Context,
         q: &Self::Buffer,
-        k_pool: &Self::Buffer,
-        v_pool: &Self::Buffer,
+        pools: [&Self::Buffer; 2],
         segs: &[AttnSegment],
         out: &mut Self::Buffer,
         cfg: &AttnConfig,
     ) {
+        let [k_pool, v_pool] = pools;
         let _profile = profile::span(Op::Attention);
         let _awake = awake::keep_awake();
         match (k_pool.is_f16(), v_pool.is_f16()) {

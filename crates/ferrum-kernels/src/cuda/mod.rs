@@ -25,7 +25,7 @@ use crate::backend::{
 };
 use crate::batch_attention::{self, AttnLayer, AttnPlan, AttnScratch};
 use crate::seed_ops::SeedOps;
-use crate::shapes::{Gemm, Mat};
+use crate::shapes::{Gemm, Mat, Span};
 
 /// `Backend` on an NVIDIA GPU.
 pub struct CudaBackend;
@@ -329,15 +329,18 @@ impl Backend for CudaBackend {
     fn flash_attention(
         ctx: &mut CudaContext,
         q: &Self::Buffer,
-        k: &Self::Buffer,
-        v: &Self::Buffer,
+        kv: [&Self::Buffer; 2],
         out: &mut Self::Buffer,
         batch: usize,
-        q_len: usize,
-        kv_len: usize,
-        pos_offset: usize,
+        span: Span,
         cfg: &AttnConfig,
     ) {
+        let Span {
+            q_len,
+            kv_len,
+            pos_offset,
+        } = span;
+        let [k, v] = kv;
         attention::attend_contiguous(ctx, q, k, v, out, batch, q_len, kv_len, pos_offset, cfg);
     }
 
@@ -351,15 +354,18 @@ impl Backend for CudaBackend {
     fn paged_attention(
         ctx: &mut CudaContext,
         q: &Self::Buffer,
-        k_pool: &Self::Buffer,
-        v_pool: &Self::Buffer,
+        pools: [&Self::Buffer; 2],
         pages: &PagedKv,
         out: &mut Self::Buffer,
-        q_len: usize,
-        kv_len: usize,
-        pos_offset: usize,
+        span: Span,
         cfg: &AttnConfig,
     ) {
+        let Span {
+            q_len,
+            kv_len,
+            pos_offset,
+        } = span;
+        let [k_pool, v_pool] = pools;
         let seg = AttnSegment {
             pages: *pages,
             offset: 0,
@@ -395,12 +401,12 @@ impl Backend for CudaBackend {
     fn paged_attention_segments(
         ctx: &mut CudaContext,
         q: &Self::Buffer,
-        k_pool: &Self::Buffer,
-        v_pool: &Self::Buffer,
+        pools: [&Self::Buffer; 2],
         segs: &[AttnSegment],
         out: &mut Self::Buffer,
         cfg: &AttnConfig,
     ) {
+        let [k_pool, v_pool] = pools;
         attention::attend(ctx, q, k_pool, v_pool, segs, out, cfg);
     }
 

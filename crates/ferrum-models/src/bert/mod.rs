@@ -9,12 +9,11 @@ mod config;
 mod pooling;
 mod weights;
 
-use ferrum_kernels::{Gemm, Mat};
 use std::path::Path;
 
 use ferrum_formats::hf_config::HfConfig;
 use ferrum_formats::safetensors::SafeTensors;
-use ferrum_kernels::{AttnConfig, Backend, QkMode};
+use ferrum_kernels::{AttnConfig, Backend, Gemm, Mat, QkMode, Span};
 use ferrum_types::{FerrumError, Result};
 
 pub use config::BertConfig;
@@ -167,7 +166,19 @@ impl<B: Backend> BertModel<B> {
                 B::qk_norm_rope(ctx, &sq, e, e, e, &mut hq, n, nh, hd, 0, 0.0, t);
                 B::qk_norm_rope(ctx, &sk, e, e, e, &mut hk, n, nh, hd, 0, 0.0, t);
                 B::qk_norm_rope(ctx, &sv, e, e, e, &mut hv, n, nh, hd, 0, 0.0, t);
-                B::flash_attention(ctx, &hq, &hk, &hv, &mut ho, 1, n, n, 0, &acfg);
+                B::flash_attention(
+                    ctx,
+                    &hq,
+                    [&hk, &hv],
+                    &mut ho,
+                    1,
+                    Span {
+                        q_len: n,
+                        kv_len: n,
+                        pos_offset: 0,
+                    },
+                    &acfg,
+                );
                 B::transpose_head_to_token(ctx, &ho, &mut sq, n, nh, hd);
                 B::copy_slice(ctx, &sq, 0, &mut attn, r0 * h, n * h);
                 r0 += n;

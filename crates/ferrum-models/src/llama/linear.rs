@@ -3,8 +3,7 @@
 //! raw parts at load.
 
 use ferrum_kernels::quant::dequantize;
-use ferrum_kernels::{input_order, Backend, GgufQuantType, QuantKind, QuantWeights};
-use ferrum_kernels::{Gemm, Mat};
+use ferrum_kernels::{input_order, Backend, Gemm, GgufQuantType, Mat, QuantKind, QuantWeights};
 use ferrum_types::{FerrumError, Result};
 
 use super::tensors::{Bytes, Raw};

@@ -20,8 +20,7 @@
 //! rope key's pairs likewise; `q·k` is unchanged by the common
 //! reordering.
 
-use ferrum_kernels::{AttnConfig, Backend, PagedKv, QkMode};
-use ferrum_kernels::{Gemm, Mat};
+use ferrum_kernels::{AttnConfig, Backend, Gemm, Mat, PagedKv, QkMode, Span};
 use ferrum_types::{FerrumError, Result};
 
 use super::config::MlaConfig;
@@ -194,13 +193,14 @@ impl<B: Backend> MlaWeights<B> {
         B::paged_attention(
             ctx,
             &s.q_lat,
-            k_pool,
-            v_pool,
+            [k_pool, v_pool],
             &seg.pages,
             &mut s.o_lat,
-            n,
-            p + n,
-            p,
+            Span {
+                q_len: n,
+                kv_len: p + n,
+                pos_offset: p,
+            },
             &cfg,
         );
         // Latent outputs to each head's values, then token-major.

@@ -19,13 +19,12 @@ mod quantized;
 mod tensors;
 mod weights;
 
-use ferrum_kernels::{Gemm, Mat};
 use std::path::Path;
 
 use ferrum_formats::gguf::GgufFile;
 use ferrum_formats::hf_config::HfConfig;
 use ferrum_formats::safetensors::SafeTensors;
-use ferrum_kernels::{AttnConfig, AttnLayer, AttnScratch, AttnSegment, Backend, QkMode};
+use ferrum_kernels::{AttnConfig, AttnLayer, AttnScratch, AttnSegment, Backend, Gemm, Mat, QkMode};
 use ferrum_kv::BlockCopy;
 use ferrum_types::{FerrumError, Result, TensorRef};
 

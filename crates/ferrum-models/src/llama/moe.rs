@@ -16,8 +16,7 @@
 
 use ferrum_formats::gguf::GgufFile;
 use ferrum_kernels::quant::dequantize;
-use ferrum_kernels::Mat;
-use ferrum_kernels::{Backend, ExpertRows, GgufQuantType, QuantKind};
+use ferrum_kernels::{Backend, ExpertRows, GgufQuantType, Mat, QuantKind};
 use ferrum_types::{FerrumError, Result};
 
 use super::arch::Arch;
