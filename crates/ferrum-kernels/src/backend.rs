@@ -16,7 +16,7 @@
 //! each op reads and writes only the extent its size arguments describe. A
 //! buffer smaller than that extent is a caller bug and panics.
 
-use crate::shapes::{Gemm, Mat, Span};
+use crate::shapes::{Gemm, Heads, Mat, Span};
 use ferrum_types::{FerrumError, GgmlType, Result};
 
 /// Which quantization scheme a [`Backend::gemm_quant`] weight uses.
@@ -699,13 +699,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// Splits a fused `[tokens, q_dim + 2·kv_dim]` projection into Q
     /// `[tokens, q_dim]`, K and V `[tokens, kv_dim]`.
-    #[allow(clippy::too_many_arguments)]
     fn split_qkv(
         ctx: &mut Self::Context,
         qkv: &Self::Buffer,
-        q: &mut Self::Buffer,
-        k: &mut Self::Buffer,
-        v: &mut Self::Buffer,
+        out: [&mut Self::Buffer; 3],
         tokens: usize,
         q_dim: usize,
         kv_dim: usize,
@@ -745,12 +742,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
         ctx: &mut Self::Context,
         input: &Self::Buffer,
         norm_w: &Self::Buffer,
-        cos: &Self::Buffer,
-        sin: &Self::Buffer,
+        rope: [&Self::Buffer; 2],
         output: &mut Self::Buffer,
-        tokens: usize,
-        heads: usize,
-        head_dim: usize,
+        shape: Heads,
         pos_offset: usize,
         eps: f32,
         mode: QkMode,
@@ -759,19 +753,21 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Writes `new_tokens` head-major K/V rows (`[nkv, new_tokens, hd]`) at
     /// positions `pos..pos + new_tokens` of a paged pool. The caller has
     /// reserved the blocks. The default copies one run per (head, block).
-    #[allow(clippy::too_many_arguments)]
     fn paged_kv_append(
         ctx: &mut Self::Context,
-        k_pool: &mut Self::Buffer,
-        v_pool: &mut Self::Buffer,
+        pools: [&mut Self::Buffer; 2],
         pages: &PagedKv,
         pos: usize,
-        new_k_head_major: &Self::Buffer,
-        new_v_head_major: &Self::Buffer,
-        new_tokens: usize,
-        nkv: usize,
-        hd: usize,
+        new: [&Self::Buffer; 2],
+        shape: Heads,
     ) {
+        let Heads {
+            tokens: new_tokens,
+            heads: nkv,
+            head_dim: hd,
+        } = shape;
+        let [new_k_head_major, new_v_head_major] = new;
+        let [k_pool, v_pool] = pools;
         crate::paged::copy_append::<Self>(
             ctx,
             k_pool,
@@ -808,16 +804,16 @@ pub trait Backend: Send + Sync + Sized + 'static {
         ctx: &mut Self::Context,
         qkv: [&Self::Buffer; 3],
         norms: [&Self::Buffer; 2],
-        cos: &Self::Buffer,
-        sin: &Self::Buffer,
+        rope: [&Self::Buffer; 2],
         q_out: &mut Self::Buffer,
-        k_pool: &mut Self::Buffer,
-        v_pool: &mut Self::Buffer,
+        pools: [&mut Self::Buffer; 2],
         segs: &[AttnSegment],
         cfg: &AttnConfig,
         eps: f32,
         mode: QkMode,
     ) {
+        let [k_pool, v_pool] = pools;
+        let [cos, sin] = rope;
         crate::paged::rows_by_parts::<Self>(
             ctx, qkv, norms, cos, sin, q_out, k_pool, v_pool, segs, cfg, eps, mode,
         );
@@ -829,9 +825,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         ctx: &mut Self::Context,
         src: &Self::Buffer,
         dst: &mut Self::Buffer,
-        tokens: usize,
-        heads: usize,
-        dim: usize,
+        shape: Heads,
     );
 
     // ── Element-wise ──────────────────────────────────────────────────────
@@ -848,7 +842,6 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// rows of `dim` values: a mixture-of-experts layer adds each expert's
     /// output rows, weighted by the router, back to the tokens they came
     /// from. `rows` holds distinct indices (a token goes to an expert once).
-    #[allow(clippy::too_many_arguments)]
     fn scale_add_rows(
         ctx: &mut Self::Context,
         src: &Self::Buffer,
@@ -946,7 +939,6 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// `dequant(weights)[n, k]ᵀ`, where every group's weights are GGUF
     /// `quant_type` blocks from [`Backend::load_gguf`]. Groups do not
     /// overlap; rows outside them are left as they are.
-    #[allow(clippy::too_many_arguments)]
     fn gemm_quant_experts(
         _ctx: &mut Self::Context,
         _a: &Self::Buffer,
@@ -966,7 +958,6 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// `per` expert outputs (rows of a grouped GEMM's output) back, weighted
     /// by the router, in one pass and without atomics, so the sum's order
     /// is fixed.
-    #[allow(clippy::too_many_arguments)]
     fn gather_add_rows(
         _ctx: &mut Self::Context,
         _src: &Self::Buffer,

@@ -8,7 +8,7 @@
 //! kernels for (as vLLM's attention backends and llama.cpp's `build_attn`
 //! keep that choice out of the model code).
 
-use crate::{AttnConfig, AttnSegment, Backend, QkMode, Span};
+use crate::{AttnConfig, AttnSegment, Backend, Heads, QkMode, Span};
 
 /// What one layer's attention reads and writes, besides the segments and
 /// the scratch space.
@@ -153,11 +153,9 @@ pub fn run<B: Backend>(
                 ctx,
                 [a.q, a.k, a.v],
                 [a.q_norm, a.k_norm],
-                a.cos,
-                a.sin,
+                [a.cos, a.sin],
                 &mut s.heads_q,
-                a.k_pool,
-                a.v_pool,
+                [a.k_pool, a.v_pool],
                 part,
                 a.cfg,
                 a.eps,
@@ -206,12 +204,13 @@ fn per_sequence<B: Backend>(
             ctx,
             q_in,
             a.q_norm,
-            cos,
-            sin,
+            [cos, sin],
             &mut s.seg_qh,
-            n,
-            nh,
-            hd,
+            Heads {
+                tokens: n,
+                heads: nh,
+                head_dim: hd,
+            },
             p,
             eps,
             a.mode,
@@ -220,12 +219,13 @@ fn per_sequence<B: Backend>(
             ctx,
             k_in,
             a.k_norm,
-            cos,
-            sin,
+            [cos, sin],
             &mut s.seg_kh,
-            n,
-            nkv,
-            hd,
+            Heads {
+                tokens: n,
+                heads: nkv,
+                head_dim: hd,
+            },
             p,
             eps,
             a.mode,
@@ -235,18 +235,30 @@ fn per_sequence<B: Backend>(
             ctx,
             v_in,
             a.k_norm,
-            cos,
-            sin,
+            [cos, sin],
             &mut s.seg_vh,
-            n,
-            nkv,
-            hd,
+            Heads {
+                tokens: n,
+                heads: nkv,
+                head_dim: hd,
+            },
             p,
             eps,
             transpose,
         );
         let (kp, vp) = (&mut *a.k_pool, &mut *a.v_pool);
-        B::paged_kv_append(ctx, kp, vp, &seg.pages, p, &s.seg_kh, &s.seg_vh, n, nkv, hd);
+        B::paged_kv_append(
+            ctx,
+            [kp, vp],
+            &seg.pages,
+            p,
+            [&s.seg_kh, &s.seg_vh],
+            Heads {
+                tokens: n,
+                heads: nkv,
+                head_dim: hd,
+            },
+        );
         if batched {
             B::copy_slice(ctx, &s.seg_qh, 0, &mut s.heads_q, seg.offset, n * qd);
             if i + 1 - first == plan.seg_chunk.max(1) || i + 1 == segs.len() {
@@ -271,9 +283,27 @@ fn per_sequence<B: Backend>(
             cfg,
         );
         if direct {
-            B::transpose_head_to_token(ctx, &s.seg_attn, out, n, nh, hd);
+            B::transpose_head_to_token(
+                ctx,
+                &s.seg_attn,
+                out,
+                Heads {
+                    tokens: n,
+                    heads: nh,
+                    head_dim: hd,
+                },
+            );
         } else {
-            B::transpose_head_to_token(ctx, &s.seg_attn, &mut s.seg_tok, n, nh, hd);
+            B::transpose_head_to_token(
+                ctx,
+                &s.seg_attn,
+                &mut s.seg_tok,
+                Heads {
+                    tokens: n,
+                    heads: nh,
+                    head_dim: hd,
+                },
+            );
             B::copy_slice(ctx, &s.seg_tok, 0, out, seg.offset, n * qd);
         }
     }
@@ -286,7 +316,16 @@ fn per_sequence<B: Backend>(
                 B::copy_slice(ctx, &s.heads_out, at, out, at, qd);
             } else {
                 B::copy_slice(ctx, &s.heads_out, at, &mut s.seg_attn, 0, n * qd);
-                B::transpose_head_to_token(ctx, &s.seg_attn, &mut s.seg_tok, n, nh, hd);
+                B::transpose_head_to_token(
+                    ctx,
+                    &s.seg_attn,
+                    &mut s.seg_tok,
+                    Heads {
+                        tokens: n,
+                        heads: nh,
+                        head_dim: hd,
+                    },
+                );
                 B::copy_slice(ctx, &s.seg_tok, 0, out, at, n * qd);
             }
         }

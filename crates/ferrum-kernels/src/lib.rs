@@ -25,4 +25,4 @@ pub use cpu::{CpuBackend, CpuBuffer, CpuDtype, CpuGptqWeight};
 pub use cuda::CudaBackend;
 pub use paged::{copy_append, encode_segments, gather_attention, rows_by_parts};
 pub use seed_ops::SeedOps;
-pub use shapes::{Gemm, Mat, Span};
+pub use shapes::{Gemm, Heads, Mat, Span};

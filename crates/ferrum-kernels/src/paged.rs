@@ -4,7 +4,7 @@
 //! backends without dedicated kernels, and the reference the dedicated
 //! kernels are tested against.
 
-use crate::{AttnConfig, AttnSegment, Backend, PagedKv, QkMode, Span};
+use crate::{AttnConfig, AttnSegment, Backend, Heads, PagedKv, QkMode, Span};
 
 /// Gathers keys/values `0..kv_len` into contiguous head-major buffers and
 /// runs [`Backend::flash_attention`] on them.
@@ -109,13 +109,52 @@ pub fn rows_by_parts<B: Backend>(
         assert_eq!(s.q_len, 1, "decode_rows_qkv: one token per sequence");
         let (r, p) = (s.offset / qd, s.pos_offset);
         B::copy_slice(ctx, q, r * qd, &mut x, 0, qd);
-        B::qk_norm_rope(ctx, &x, q_norm, cos, sin, &mut y, 1, nh, hd, p, eps, mode);
+        B::qk_norm_rope(
+            ctx,
+            &x,
+            q_norm,
+            [cos, sin],
+            &mut y,
+            Heads {
+                tokens: 1,
+                heads: nh,
+                head_dim: hd,
+            },
+            p,
+            eps,
+            mode,
+        );
         B::copy_slice(ctx, &y, 0, q_out, s.offset, qd);
         B::copy_slice(ctx, k, r * kvd, &mut x, 0, kvd);
-        B::qk_norm_rope(ctx, &x, k_norm, cos, sin, &mut kh, 1, nkv, hd, p, eps, mode);
+        B::qk_norm_rope(
+            ctx,
+            &x,
+            k_norm,
+            [cos, sin],
+            &mut kh,
+            Heads {
+                tokens: 1,
+                heads: nkv,
+                head_dim: hd,
+            },
+            p,
+            eps,
+            mode,
+        );
         // One token's V is already head-major.
         B::copy_slice(ctx, v, r * kvd, &mut vh, 0, kvd);
-        B::paged_kv_append(ctx, k_pool, v_pool, &s.pages, p, &kh, &vh, 1, nkv, hd);
+        B::paged_kv_append(
+            ctx,
+            [k_pool, v_pool],
+            &s.pages,
+            p,
+            [&kh, &vh],
+            Heads {
+                tokens: 1,
+                heads: nkv,
+                head_dim: hd,
+            },
+        );
     }
 }
 

@@ -46,3 +46,12 @@ pub struct Span {
     pub kv_len: usize,
     pub pos_offset: usize,
 }
+
+/// Per-token heads: `[tokens, heads, head_dim]` token-major, or
+/// `[heads, tokens, head_dim]` head-major, as the op says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Heads {
+    pub tokens: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+}

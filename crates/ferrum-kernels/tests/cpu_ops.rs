@@ -13,7 +13,8 @@
 
 use ferrum_kernels::{
     copy_append, gather_attention, rows_by_parts, AttnConfig, AttnSegment, Backend, CpuBackend,
-    Gemm, KvCache, KvDtype, Mat, PagedKv, QkMode, QuantKind, QuantWeights, ReduceOp, SeedOps, Span,
+    Gemm, Heads, KvCache, KvDtype, Mat, PagedKv, QkMode, QuantKind, QuantWeights, ReduceOp,
+    SeedOps, Span,
 };
 use half::f16;
 use proptest::prelude::*;
@@ -417,7 +418,18 @@ fn check_paged_attention(
                 .collect()
         };
         let (kc, vc) = (buf(&chunk(&k)), buf(&chunk(&v)));
-        B::paged_kv_append(&mut (), &mut kp, &mut vp, &pages, pos, &kc, &vc, n, nkv, hd);
+        B::paged_kv_append(
+            &mut (),
+            [&mut kp, &mut vp],
+            &pages,
+            pos,
+            [&kc, &vc],
+            Heads {
+                tokens: n,
+                heads: nkv,
+                head_dim: hd,
+            },
+        );
         copy_append::<B>(&mut (), &mut kg, &mut vg, &pages, pos, &kc, &vc, n, nkv, hd);
         pos += n;
     }
@@ -754,12 +766,13 @@ fn qk_norm_rope_all_modes() {
                 &mut (),
                 &buf(&x),
                 &buf(&nw),
-                &buf(&cos),
-                &buf(&sin),
+                [&buf(&cos), &buf(&sin)],
                 &mut out,
-                tokens,
-                heads,
-                hd,
+                Heads {
+                    tokens,
+                    heads,
+                    head_dim: hd,
+                },
                 pos_offset,
                 1e-6,
                 mode,
@@ -831,11 +844,9 @@ fn decode_rows_qkv_equals_per_sequence_ops() {
                     &mut (),
                     qkv,
                     nw,
-                    &c,
-                    &s,
+                    [&c, &s],
                     &mut qa,
-                    &mut ka,
-                    &mut va,
+                    [&mut ka, &mut va],
                     &segs,
                     &cfg,
                     1e-6,
@@ -885,12 +896,13 @@ fn layout_ops_move_the_right_elements() {
         &mut (),
         &buf(&token_major),
         &empty,
-        &empty,
-        &empty,
+        [&empty, &empty],
         &mut head_major,
-        tokens,
-        heads,
-        dim,
+        Heads {
+            tokens,
+            heads,
+            head_dim: dim,
+        },
         0,
         0.0,
         QkMode::Transpose,
@@ -906,7 +918,16 @@ fn layout_ops_move_the_right_elements() {
         }
     }
     let mut back = B::alloc(token_major.len());
-    B::transpose_head_to_token(&mut (), &head_major, &mut back, tokens, heads, dim);
+    B::transpose_head_to_token(
+        &mut (),
+        &head_major,
+        &mut back,
+        Heads {
+            tokens,
+            heads,
+            head_dim: dim,
+        },
+    );
     assert_eq!(&back[..], &token_major[..]);
 
     // split_qkv
@@ -921,9 +942,7 @@ fn layout_ops_move_the_right_elements() {
     B::split_qkv(
         &mut (),
         &buf(&qkv),
-        &mut q,
-        &mut k,
-        &mut v,
+        [&mut q, &mut k, &mut v],
         tokens,
         q_dim,
         kv_dim,

@@ -20,7 +20,8 @@ use std::sync::{Mutex, OnceLock};
 
 use ferrum_kernels::quant::{dequantize, random_blocks};
 use ferrum_kernels::{
-    encode_segments, AttnConfig, AttnSegment, Backend, CpuBackend as C, PagedKv, QkMode, Span,
+    encode_segments, AttnConfig, AttnSegment, Backend, CpuBackend as C, Heads, PagedKv, QkMode,
+    Span,
 };
 use ferrum_types::GgmlType;
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
@@ -580,11 +581,9 @@ fn paged_writes_match_the_cpu() {
             &mut (),
             [&cq, &ck, &cv],
             [&cqn, &ckn],
-            &ccos,
-            &csin,
+            [&ccos, &csin],
             &mut cqo,
-            &mut ckp,
-            &mut cvp,
+            [&mut ckp, &mut cvp],
             &segs,
             &cfg,
             1e-6,
@@ -634,15 +633,15 @@ fn paged_writes_match_the_cpu() {
     let (cnk, cnv) = (C::from_slice(&nk), C::from_slice(&nv));
     C::paged_kv_append(
         &mut (),
-        &mut ckp,
-        &mut cvp,
+        [&mut ckp, &mut cvp],
         &pages,
         pos,
-        &cnk,
-        &cnv,
-        nt,
-        nkv,
-        hd,
+        [&cnk, &cnv],
+        Heads {
+            tokens: nt,
+            heads: nkv,
+            head_dim: hd,
+        },
     );
     let seg = AttnSegment {
         pages,

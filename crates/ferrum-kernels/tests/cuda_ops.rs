@@ -14,7 +14,7 @@
 use ferrum_kernels::quant::{dequantize, random_blocks};
 use ferrum_kernels::{
     pack_bytes, AttnConfig, AttnSegment, Backend, CpuBackend as C, CudaBackend as G, ExpertRows,
-    Gemm, GgufQuantType, Mat, PagedKv, QkMode, QuantKind, QuantWeights, SeedOps, Span,
+    Gemm, GgufQuantType, Heads, Mat, PagedKv, QkMode, QuantKind, QuantWeights, SeedOps, Span,
 };
 use ferrum_types::GgmlType;
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
@@ -409,8 +409,8 @@ fn elementwise_and_layout_ops() {
     let (qd, kvd) = (100, 50);
     let (mut cq, mut ck, mut cv) = (C::alloc(t * qd), C::alloc(t * kvd), C::alloc(t * kvd));
     let (mut gq, mut gk, mut gv) = (G::alloc(t * qd), G::alloc(t * kvd), G::alloc(t * kvd));
-    C::split_qkv(&mut (), &cx, &mut cq, &mut ck, &mut cv, t, qd, kvd);
-    G::split_qkv(ctx, &gx, &mut gq, &mut gk, &mut gv, t, qd, kvd);
+    C::split_qkv(&mut (), &cx, [&mut cq, &mut ck, &mut cv], t, qd, kvd);
+    G::split_qkv(ctx, &gx, [&mut gq, &mut gk, &mut gv], t, qd, kvd);
     check("split q", &gq, &cq, t * qd);
     check("split k", &gk, &ck, t * kvd);
     check("split v", &gv, &cv, t * kvd);
@@ -445,24 +445,55 @@ fn elementwise_and_layout_ops() {
             &mut (),
             &ci,
             &cnw,
-            &ccos,
-            &csin,
+            [&ccos, &csin],
             &mut ch,
-            t,
-            heads,
-            hd,
+            Heads {
+                tokens: t,
+                heads,
+                head_dim: hd,
+            },
             pos,
             1e-6,
             mode,
         );
         G::qk_norm_rope(
-            ctx, &gi, &gnw, &gcos, &gsin, &mut gh, t, heads, hd, pos, 1e-6, mode,
+            ctx,
+            &gi,
+            &gnw,
+            [&gcos, &gsin],
+            &mut gh,
+            Heads {
+                tokens: t,
+                heads,
+                head_dim: hd,
+            },
+            pos,
+            1e-6,
+            mode,
         );
         check(&format!("qk_norm_rope {mode:?}"), &gh, &ch, len);
     }
     let (mut ct, mut gt) = (C::alloc(len), G::alloc(len));
-    C::transpose_head_to_token(&mut (), &ch, &mut ct, t, heads, hd);
-    G::transpose_head_to_token(ctx, &gh, &mut gt, t, heads, hd);
+    C::transpose_head_to_token(
+        &mut (),
+        &ch,
+        &mut ct,
+        Heads {
+            tokens: t,
+            heads,
+            head_dim: hd,
+        },
+    );
+    G::transpose_head_to_token(
+        ctx,
+        &gh,
+        &mut gt,
+        Heads {
+            tokens: t,
+            heads,
+            head_dim: hd,
+        },
+    );
     check("transpose_head_to_token", &gt, &ct, len);
     let cap = 20;
     let (mut ckc, mut cvc) = (C::alloc(heads * cap * hd), C::alloc(heads * cap * hd));
@@ -591,11 +622,9 @@ fn paged_ops_match_cpu() {
             &mut (),
             [&cq, &ck, &cv],
             [&cqn, &ckn],
-            &ccos,
-            &csin,
+            [&ccos, &csin],
             &mut cqo,
-            &mut ckp,
-            &mut cvp,
+            [&mut ckp, &mut cvp],
             &segs,
             &cfg,
             1e-6,
@@ -605,11 +634,9 @@ fn paged_ops_match_cpu() {
             ctx,
             [&gq, &gk, &gv],
             [&gqn, &gkn],
-            &gcos,
-            &gsin,
+            [&gcos, &gsin],
             &mut gqo,
-            &mut gkp,
-            &mut gvp,
+            [&mut gkp, &mut gvp],
             &segs,
             &cfg,
             1e-6,
@@ -660,17 +687,28 @@ fn paged_ops_match_cpu() {
         let ((cnk, gnk), (cnv, gnv)) = (up(&nk), up(&nv));
         C::paged_kv_append(
             &mut (),
-            &mut ckp,
-            &mut cvp,
+            [&mut ckp, &mut cvp],
             &pages,
             pos,
-            &cnk,
-            &cnv,
-            n,
-            nkv,
-            hd,
+            [&cnk, &cnv],
+            Heads {
+                tokens: n,
+                heads: nkv,
+                head_dim: hd,
+            },
         );
-        G::paged_kv_append(ctx, &mut gkp, &mut gvp, &pages, pos, &gnk, &gnv, n, nkv, hd);
+        G::paged_kv_append(
+            ctx,
+            [&mut gkp, &mut gvp],
+            &pages,
+            pos,
+            [&gnk, &gnv],
+            Heads {
+                tokens: n,
+                heads: nkv,
+                head_dim: hd,
+            },
+        );
         let pq = rand_vec(&mut rng, nh * n * hd);
         let (cpq, gpq) = up(&pq);
         let (mut co, mut go) = (C::alloc(pq.len()), G::alloc(pq.len()));

@@ -57,7 +57,7 @@ pub use gptq::CpuGptqWeight;
 
 use crate::batch_attention::{self, AttnLayer, AttnPlan, AttnScratch};
 use crate::seed_ops::SeedOps;
-use crate::shapes::{Gemm, Mat, Span};
+use crate::shapes::{Gemm, Heads, Mat, Span};
 use crate::{
     packed_bytes, AttnConfig, AttnSegment, Backend, Capabilities, GgufQuantType, KvDtype, PagedKv,
     QkMode, QuantKind, QuantWeights,
@@ -479,16 +479,19 @@ impl Backend for CpuBackend {
 
     fn paged_kv_append(
         _ctx: &mut Self::Context,
-        k_pool: &mut Self::Buffer,
-        v_pool: &mut Self::Buffer,
+        pools: [&mut Self::Buffer; 2],
         pages: &PagedKv,
         pos: usize,
-        new_k_head_major: &Self::Buffer,
-        new_v_head_major: &Self::Buffer,
-        new_tokens: usize,
-        nkv: usize,
-        hd: usize,
+        new: [&Self::Buffer; 2],
+        shape: Heads,
     ) {
+        let Heads {
+            tokens: new_tokens,
+            heads: nkv,
+            head_dim: hd,
+        } = shape;
+        let [new_k_head_major, new_v_head_major] = new;
+        let [k_pool, v_pool] = pools;
         let _profile = profile::span(Op::KvAppend);
         let (new_k, new_v) = (&new_k_head_major[..], &new_v_head_major[..]);
         let rows = (pages, pos, new_tokens, nkv, hd);
@@ -506,16 +509,16 @@ impl Backend for CpuBackend {
         _ctx: &mut Self::Context,
         [q, k, v]: [&Self::Buffer; 3],
         [q_norm, k_norm]: [&Self::Buffer; 2],
-        cos: &Self::Buffer,
-        sin: &Self::Buffer,
+        rope: [&Self::Buffer; 2],
         q_out: &mut Self::Buffer,
-        k_pool: &mut Self::Buffer,
-        v_pool: &mut Self::Buffer,
+        pools: [&mut Self::Buffer; 2],
         segs: &[AttnSegment],
         cfg: &AttnConfig,
         eps: f32,
         mode: QkMode,
     ) {
+        let [k_pool, v_pool] = pools;
+        let [cos, sin] = rope;
         let _profile = profile::span(Op::QkNormRope);
         let (qkv, norms) = ([&q[..], &k[..], &v[..]], [&q_norm[..], &k_norm[..]]);
         let tables = (&cos[..], &sin[..]);
@@ -563,13 +566,12 @@ impl Backend for CpuBackend {
     fn split_qkv(
         _ctx: &mut Self::Context,
         qkv: &Self::Buffer,
-        q: &mut Self::Buffer,
-        k: &mut Self::Buffer,
-        v: &mut Self::Buffer,
+        out: [&mut Self::Buffer; 3],
         tokens: usize,
         q_dim: usize,
         kv_dim: usize,
     ) {
+        let [q, k, v] = out;
         let _profile = profile::span(Op::Copy);
         layout::split_qkv(qkv, q, k, v, tokens, q_dim, kv_dim);
     }
@@ -606,16 +608,19 @@ impl Backend for CpuBackend {
         _ctx: &mut Self::Context,
         input: &Self::Buffer,
         norm_w: &Self::Buffer,
-        cos: &Self::Buffer,
-        sin: &Self::Buffer,
+        rope: [&Self::Buffer; 2],
         output: &mut Self::Buffer,
-        tokens: usize,
-        heads: usize,
-        head_dim: usize,
+        shape: Heads,
         pos_offset: usize,
         eps: f32,
         mode: QkMode,
     ) {
+        let Heads {
+            tokens,
+            heads,
+            head_dim,
+        } = shape;
+        let [cos, sin] = rope;
         let _profile = profile::span(Op::QkNormRope);
         rope::qk_norm_rope(
             input, norm_w, cos, sin, output, tokens, heads, head_dim, pos_offset, eps, mode,
@@ -626,10 +631,13 @@ impl Backend for CpuBackend {
         _ctx: &mut Self::Context,
         src: &Self::Buffer,
         dst: &mut Self::Buffer,
-        tokens: usize,
-        heads: usize,
-        dim: usize,
+        shape: Heads,
     ) {
+        let Heads {
+            tokens,
+            heads,
+            head_dim: dim,
+        } = shape;
         let _profile = profile::span(Op::Copy);
         layout::transpose_head_to_token(src, dst, tokens, heads, dim);
     }

@@ -25,7 +25,7 @@ use crate::backend::{
 };
 use crate::batch_attention::{self, AttnLayer, AttnPlan, AttnScratch};
 use crate::seed_ops::SeedOps;
-use crate::shapes::{Gemm, Mat, Span};
+use crate::shapes::{Gemm, Heads, Mat, Span};
 
 /// `Backend` on an NVIDIA GPU.
 pub struct CudaBackend;
@@ -412,16 +412,19 @@ impl Backend for CudaBackend {
 
     fn paged_kv_append(
         ctx: &mut CudaContext,
-        k_pool: &mut Self::Buffer,
-        v_pool: &mut Self::Buffer,
+        pools: [&mut Self::Buffer; 2],
         pages: &PagedKv,
         pos: usize,
-        new_k_head_major: &Self::Buffer,
-        new_v_head_major: &Self::Buffer,
-        new_tokens: usize,
-        nkv: usize,
-        hd: usize,
+        new: [&Self::Buffer; 2],
+        shape: Heads,
     ) {
+        let Heads {
+            tokens: new_tokens,
+            heads: nkv,
+            head_dim: hd,
+        } = shape;
+        let [new_k_head_major, new_v_head_major] = new;
+        let [k_pool, v_pool] = pools;
         attention::append(
             ctx,
             k_pool,
@@ -440,16 +443,16 @@ impl Backend for CudaBackend {
         ctx: &mut CudaContext,
         qkv: [&Self::Buffer; 3],
         norms: [&Self::Buffer; 2],
-        cos: &Self::Buffer,
-        sin: &Self::Buffer,
+        rope: [&Self::Buffer; 2],
         q_out: &mut Self::Buffer,
-        k_pool: &mut Self::Buffer,
-        v_pool: &mut Self::Buffer,
+        pools: [&mut Self::Buffer; 2],
         segs: &[AttnSegment],
         cfg: &AttnConfig,
         eps: f32,
         mode: QkMode,
     ) {
+        let [k_pool, v_pool] = pools;
+        let [cos, sin] = rope;
         attention::rows_qkv(
             ctx, qkv, norms, cos, sin, q_out, k_pool, v_pool, segs, cfg, eps, mode,
         );
@@ -496,13 +499,12 @@ impl Backend for CudaBackend {
     fn split_qkv(
         ctx: &mut CudaContext,
         qkv: &Self::Buffer,
-        q: &mut Self::Buffer,
-        k: &mut Self::Buffer,
-        v: &mut Self::Buffer,
+        out: [&mut Self::Buffer; 3],
         tokens: usize,
         q_dim: usize,
         kv_dim: usize,
     ) {
+        let [q, k, v] = out;
         launch::split_qkv(
             ctx,
             linear(tokens * (q_dim + 2 * kv_dim)),
@@ -546,16 +548,19 @@ impl Backend for CudaBackend {
         ctx: &mut CudaContext,
         input: &Self::Buffer,
         norm_w: &Self::Buffer,
-        cos: &Self::Buffer,
-        sin: &Self::Buffer,
+        rope: [&Self::Buffer; 2],
         output: &mut Self::Buffer,
-        tokens: usize,
-        heads: usize,
-        head_dim: usize,
+        shape: Heads,
         pos_offset: usize,
         eps: f32,
         mode: QkMode,
     ) {
+        let Heads {
+            tokens,
+            heads,
+            head_dim,
+        } = shape;
+        let [cos, sin] = rope;
         let threads = (head_dim / 2).div_ceil(32).clamp(1, 32) as u32 * 32;
         launch::qk_norm_rope(
             ctx,
@@ -578,10 +583,13 @@ impl Backend for CudaBackend {
         ctx: &mut CudaContext,
         src: &Self::Buffer,
         dst: &mut Self::Buffer,
-        tokens: usize,
-        heads: usize,
-        dim: usize,
+        shape: Heads,
     ) {
+        let Heads {
+            tokens,
+            heads,
+            head_dim: dim,
+        } = shape;
         launch::head_to_token(
             ctx,
             linear(tokens * heads * dim),

@@ -13,7 +13,7 @@ use std::path::Path;
 
 use ferrum_formats::hf_config::HfConfig;
 use ferrum_formats::safetensors::SafeTensors;
-use ferrum_kernels::{AttnConfig, Backend, Gemm, Mat, QkMode, Span};
+use ferrum_kernels::{AttnConfig, Backend, Gemm, Heads, Mat, QkMode, Span};
 use ferrum_types::{FerrumError, Result};
 
 pub use config::BertConfig;
@@ -154,7 +154,7 @@ impl<B: Backend> BertModel<B> {
         let e = &self.empty;
         for lw in &self.w.layers {
             dense::<B>(ctx, &x, &lw.qkv, &mut qkv, rows, 3 * h, h);
-            B::split_qkv(ctx, &qkv, &mut q, &mut k, &mut v, rows, h, h);
+            B::split_qkv(ctx, &qkv, [&mut q, &mut k, &mut v], rows, h, h);
             let mut r0 = 0;
             for s in inputs {
                 let n = s.ids.len();
@@ -163,9 +163,51 @@ impl<B: Backend> BertModel<B> {
                 B::copy_slice(ctx, &v, r0 * h, &mut sv, 0, n * h);
                 // Mode 0: token-major -> head-major, no norm, no RoPE.
                 let t = QkMode::Transpose;
-                B::qk_norm_rope(ctx, &sq, e, e, e, &mut hq, n, nh, hd, 0, 0.0, t);
-                B::qk_norm_rope(ctx, &sk, e, e, e, &mut hk, n, nh, hd, 0, 0.0, t);
-                B::qk_norm_rope(ctx, &sv, e, e, e, &mut hv, n, nh, hd, 0, 0.0, t);
+                B::qk_norm_rope(
+                    ctx,
+                    &sq,
+                    e,
+                    [e, e],
+                    &mut hq,
+                    Heads {
+                        tokens: n,
+                        heads: nh,
+                        head_dim: hd,
+                    },
+                    0,
+                    0.0,
+                    t,
+                );
+                B::qk_norm_rope(
+                    ctx,
+                    &sk,
+                    e,
+                    [e, e],
+                    &mut hk,
+                    Heads {
+                        tokens: n,
+                        heads: nh,
+                        head_dim: hd,
+                    },
+                    0,
+                    0.0,
+                    t,
+                );
+                B::qk_norm_rope(
+                    ctx,
+                    &sv,
+                    e,
+                    [e, e],
+                    &mut hv,
+                    Heads {
+                        tokens: n,
+                        heads: nh,
+                        head_dim: hd,
+                    },
+                    0,
+                    0.0,
+                    t,
+                );
                 B::flash_attention(
                     ctx,
                     &hq,
@@ -179,7 +221,16 @@ impl<B: Backend> BertModel<B> {
                     },
                     &acfg,
                 );
-                B::transpose_head_to_token(ctx, &ho, &mut sq, n, nh, hd);
+                B::transpose_head_to_token(
+                    ctx,
+                    &ho,
+                    &mut sq,
+                    Heads {
+                        tokens: n,
+                        heads: nh,
+                        head_dim: hd,
+                    },
+                );
                 B::copy_slice(ctx, &sq, 0, &mut attn, r0 * h, n * h);
                 r0 += n;
             }

@@ -2,7 +2,7 @@
 //! sequences. Which blocks hold what is the caller's to track (see
 //! [`crate::paged`]); this module only moves data in and out of blocks.
 
-use ferrum_kernels::{Backend, KvDtype, PagedKv};
+use ferrum_kernels::{Backend, Heads, KvDtype, PagedKv};
 use ferrum_kv::BlockCopy;
 use ferrum_types::{FerrumError, Result, TensorRef};
 
@@ -168,7 +168,18 @@ impl<B: Backend> KvStore<B> {
         let pages = self.pages(table);
         for ((kp, vp), (k, v)) in self.k.iter_mut().zip(self.v.iter_mut()).zip(kv) {
             let (kb, vb) = (B::from_slice(k.data()), B::from_slice(v.data()));
-            B::paged_kv_append(ctx, kp, vp, &pages, 0, &kb, &vb, len, nkv, hd);
+            B::paged_kv_append(
+                ctx,
+                [kp, vp],
+                &pages,
+                0,
+                [&kb, &vb],
+                Heads {
+                    tokens: len,
+                    heads: nkv,
+                    head_dim: hd,
+                },
+            );
         }
         B::sync(ctx);
         B::take_error(ctx)?;

@@ -284,7 +284,7 @@ impl<B: Backend> Qkv<B> {
                         },
                     );
                 }
-                B::split_qkv(ctx, fused, q, k, v, m, qd, kvd);
+                B::split_qkv(ctx, fused, [q, k, v], m, qd, kvd);
             }
             Qkv::Split { parts, bias } => {
                 for ((w, out), n) in parts

@@ -20,7 +20,7 @@
 //! rope key's pairs likewise; `q·k` is unchanged by the common
 //! reordering.
 
-use ferrum_kernels::{AttnConfig, Backend, Gemm, Mat, PagedKv, QkMode, Span};
+use ferrum_kernels::{AttnConfig, Backend, Gemm, Heads, Mat, PagedKv, QkMode, Span};
 use ferrum_types::{FerrumError, Result};
 
 use super::config::MlaConfig;
@@ -181,7 +181,18 @@ impl<B: Backend> MlaWeights<B> {
         B::copy_slice(ctx, xn, seg.r0 * hidden, &mut s.xs, 0, n * hidden);
         self.latent_queries(ctx, m, (heads, hidden, eps), s, rope.q, (n, p))?;
         self.cached_rows(ctx, m, (hidden, eps), s, rope.k, (n, p))?;
-        B::paged_kv_append(ctx, k_pool, v_pool, &seg.pages, p, &s.k, &s.v, n, 1, dkv);
+        B::paged_kv_append(
+            ctx,
+            [k_pool, v_pool],
+            &seg.pages,
+            p,
+            [&s.k, &s.v],
+            Heads {
+                tokens: n,
+                heads: 1,
+                head_dim: dkv,
+            },
+        );
         let cfg = AttnConfig {
             num_heads: heads,
             num_kv_heads: 1,
@@ -219,7 +230,16 @@ impl<B: Backend> MlaWeights<B> {
             );
             B::copy_slice(ctx, &s.head_out, 0, &mut s.o_heads, h * n * m.v, n * m.v);
         }
-        B::transpose_head_to_token(ctx, &s.o_heads, &mut s.o_tok, n, heads, m.v);
+        B::transpose_head_to_token(
+            ctx,
+            &s.o_heads,
+            &mut s.o_tok,
+            Heads {
+                tokens: n,
+                heads,
+                head_dim: m.v,
+            },
+        );
         let width = heads * m.v;
         B::copy_slice(ctx, &s.o_tok, 0, attn, seg.r0 * width, n * width);
         Ok(())
@@ -259,7 +279,19 @@ impl<B: Backend> MlaWeights<B> {
         }
         let mode = QkMode::Rope;
         B::qk_norm_rope(
-            ctx, &s.qb, &s.empty, qc, qs, &mut s.qh, n, heads, qk, p, eps, mode,
+            ctx,
+            &s.qb,
+            &s.empty,
+            [qc, qs],
+            &mut s.qh,
+            Heads {
+                tokens: n,
+                heads,
+                head_dim: qk,
+            },
+            p,
+            eps,
+            mode,
         );
         for h in 0..heads {
             B::copy_slice(ctx, &s.qh, h * n * qk, &mut s.head_in, 0, n * qk);
@@ -307,7 +339,19 @@ impl<B: Backend> MlaWeights<B> {
             .forward(ctx, &s.xs, &mut s.kr, n, m.rope, hidden)?;
         let mode = QkMode::Rope;
         B::qk_norm_rope(
-            ctx, &s.kr, &s.empty, kc, ks, &mut s.krh, n, 1, m.rope, p, eps, mode,
+            ctx,
+            &s.kr,
+            &s.empty,
+            [kc, ks],
+            &mut s.krh,
+            Heads {
+                tokens: n,
+                heads: 1,
+                head_dim: m.rope,
+            },
+            p,
+            eps,
+            mode,
         );
         B::gemm(
             ctx,
