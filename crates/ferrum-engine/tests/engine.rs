@@ -144,10 +144,7 @@ fn preemption_under_a_small_pool_keeps_outputs_and_frees_every_block() {
         .map(|p| collect(roomy.submit(request(&tok, p, 40)).unwrap()))
         .collect();
     // 12 blocks of 16 positions: six requests of ~50 positions need 24.
-    let small = KvPoolConfig {
-        tokens: 192,
-        ..KvPoolConfig::default()
-    };
+    let small = KvPoolConfig { tokens: 192, ..KvPoolConfig::default() };
     let tight = engine(small, EngineConfig::default()).unwrap();
     let rxs: Vec<_> = PROMPTS[..6]
         .iter()

@@ -79,40 +79,19 @@ fn truncations_keep_only_allowed_tokens() {
     let logits = vec![2.0, 1.9, 0.0, -3.0, 1.0];
     let p = softmax(&logits);
     // top_k = 2: only tokens 0 and 1, renormalised.
-    let got = histogram(
-        SamplingParams {
-            top_k: 2,
-            ..params(1.0)
-        },
-        &logits,
-        20_000,
-    );
+    let got = histogram(SamplingParams { top_k: 2, ..params(1.0) }, &logits, 20_000);
     assert_eq!(got[2] + got[3] + got[4], 0.0);
     let want0 = p[0] / (p[0] + p[1]);
     assert!((got[0] - want0).abs() < 0.015);
     // top_p = 0.5: token 0 alone has p[0] < 0.5, tokens 0 and 1 exceed it.
     assert!(p[0] < 0.5 && p[0] + p[1] >= 0.5);
-    let got = histogram(
-        SamplingParams {
-            top_p: 0.5,
-            ..params(1.0)
-        },
-        &logits,
-        5_000,
-    );
+    let got = histogram(SamplingParams { top_p: 0.5, ..params(1.0) }, &logits, 5_000);
     assert_eq!(got[2] + got[3] + got[4], 0.0);
     assert!(got[1] > 0.0);
     // min_p = 0.3: keeps tokens with p >= 0.3 · p_max (tokens 0, 1, 4).
     let keep: Vec<bool> = p.iter().map(|&x| x >= 0.3 * p[0]).collect();
     assert_eq!(keep, vec![true, true, false, false, true]);
-    let got = histogram(
-        SamplingParams {
-            min_p: 0.3,
-            ..params(1.0)
-        },
-        &logits,
-        5_000,
-    );
+    let got = histogram(SamplingParams { min_p: 0.3, ..params(1.0) }, &logits, 5_000);
     assert_eq!(got[2] + got[3], 0.0);
     assert!(got[4] > 0.0);
 }
@@ -161,31 +140,13 @@ fn penalties_change_logits_as_documented() {
 fn invalid_settings_are_named() {
     let cases = [
         (
-            SamplingParams {
-                temperature: -1.0,
-                ..Default::default()
-            },
+            SamplingParams { temperature: -1.0, ..Default::default() },
             "temperature",
         ),
+        (SamplingParams { top_p: 1.5, ..Default::default() }, "top_p"),
+        (SamplingParams { top_p: 0.0, ..Default::default() }, "top_p"),
         (
-            SamplingParams {
-                top_p: 1.5,
-                ..Default::default()
-            },
-            "top_p",
-        ),
-        (
-            SamplingParams {
-                top_p: 0.0,
-                ..Default::default()
-            },
-            "top_p",
-        ),
-        (
-            SamplingParams {
-                min_p: -0.1,
-                ..Default::default()
-            },
+            SamplingParams { min_p: -0.1, ..Default::default() },
             "min_p",
         ),
         (
@@ -203,10 +164,7 @@ fn invalid_settings_are_named() {
             "presence_penalty",
         ),
         (
-            SamplingParams {
-                top_logprobs: 21,
-                ..Default::default()
-            },
+            SamplingParams { top_logprobs: 21, ..Default::default() },
             "top_logprobs",
         ),
     ];
@@ -224,13 +182,7 @@ fn invalid_settings_are_named() {
 fn verifying_a_draft_keeps_the_sampling_distribution() {
     let logits = vec![1.0, 2.0, 0.0, 1.5, -0.5];
     let n = 40_000;
-    for settings in [
-        params(1.0),
-        SamplingParams {
-            top_k: 3,
-            ..params(0.7)
-        },
-    ] {
+    for settings in [params(1.0), SamplingParams { top_k: 3, ..params(0.7) }] {
         let want = histogram(settings.clone(), &logits, 200_000);
         for draft in 0..logits.len() as u32 {
             let mut s = Sampler::new(settings.clone(), &[]);

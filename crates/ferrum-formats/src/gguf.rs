@@ -486,13 +486,7 @@ pub fn parse_header(buf: &[u8]) -> ParseResult<GgufHeader> {
                 "tensor {name} offset {offset} is not aligned to {alignment}"
             ));
         }
-        tensors.push(TensorInfo {
-            name,
-            dims,
-            ty,
-            offset,
-            size,
-        });
+        tensors.push(TensorInfo { name, dims, ty, offset, size });
     }
 
     let data_offset = (c.pos as u64).div_ceil(alignment) * alignment;

@@ -158,13 +158,7 @@ impl HfQuant {
     pub fn describe(&self) -> String {
         let groups = |g: &Option<usize>| g.map_or("per row".to_string(), |g| format!("group {g}"));
         match self {
-            HfQuant::Gptq {
-                bits,
-                group_size,
-                desc_act,
-                sym,
-                v2,
-            } => format!(
+            HfQuant::Gptq { bits, group_size, desc_act, sym, v2 } => format!(
                 "GPTQ int{bits}, {}, {}{}, checkpoint format {}",
                 groups(group_size),
                 if *sym { "symmetric" } else { "asymmetric" },
@@ -173,11 +167,7 @@ impl HfQuant {
             ),
             HfQuant::Awq { group_size } => format!("AWQ int4 (GEMM layout), group {group_size}"),
             HfQuant::Fp8 { block } => format!("FP8 e4m3, {}", fp8_scales(block)),
-            HfQuant::PackQuantized {
-                bits,
-                group_size,
-                symmetric,
-            } => format!(
+            HfQuant::PackQuantized { bits, group_size, symmetric } => format!(
                 "compressed-tensors pack-quantized int{bits}, {}, {}",
                 groups(group_size),
                 if *symmetric {
@@ -427,18 +417,13 @@ pub fn load_linear(
     }
     let base = weight_name.strip_suffix(".weight").unwrap_or(weight_name);
     Ok(Some(match *scheme {
-        HfQuant::Gptq {
-            bits,
-            group_size,
-            v2,
-            ..
-        } => HfLinear::Ints(gptq(st, base, bits, group_size, v2, n, k)?),
+        HfQuant::Gptq { bits, group_size, v2, .. } => {
+            HfLinear::Ints(gptq(st, base, bits, group_size, v2, n, k)?)
+        }
         HfQuant::Awq { group_size } => HfLinear::Ints(awq(st, base, group_size, n, k)?),
-        HfQuant::PackQuantized {
-            bits,
-            group_size,
-            symmetric,
-        } => HfLinear::Ints(packed(st, base, bits, group_size, symmetric, n, k)?),
+        HfQuant::PackQuantized { bits, group_size, symmetric } => {
+            HfLinear::Ints(packed(st, base, bits, group_size, symmetric, n, k)?)
+        }
         HfQuant::Fp8 { block } | HfQuant::FloatQuantized { block } => {
             let scale = match scheme {
                 HfQuant::Fp8 { .. } => "weight_scale_inv",
@@ -719,9 +704,7 @@ mod tests {
             parse(
                 json!({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]})
             ),
-            Ok(Some(HfQuant::Fp8 {
-                block: Some([128, 128])
-            }))
+            Ok(Some(HfQuant::Fp8 { block: Some([128, 128]) }))
         );
         let ct = |format: &str, weights: Value| {
             json!({"quant_method": "compressed-tensors", "format": format,

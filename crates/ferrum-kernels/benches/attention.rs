@@ -78,11 +78,7 @@ fn bench_attention(c: &mut Criterion) {
                         [&k, &v],
                         &mut out,
                         1,
-                        Span {
-                            q_len,
-                            kv_len,
-                            pos_offset,
-                        },
+                        Span { q_len, kv_len, pos_offset },
                         &cfg,
                     )
                 })
@@ -104,10 +100,7 @@ fn bench_paged_decode(c: &mut Criterion) {
     ] {
         let cfg = causal(nh, nkv, hd);
         let table: Vec<u32> = (0..(kv_len / bs) as u32).collect();
-        let pages = PagedKv {
-            block_table: &table,
-            block_size: bs,
-        };
+        let pages = PagedKv { block_table: &table, block_size: bs };
         let len = table.len() * pages.block_len(nkv, hd);
         let mut rng = StdRng::seed_from_u64(1);
         let values: Vec<f32> = (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect();
@@ -132,11 +125,7 @@ fn bench_paged_decode(c: &mut Criterion) {
                             [k, v],
                             &pages,
                             &mut out,
-                            Span {
-                                q_len: 1,
-                                kv_len,
-                                pos_offset: kv_len - 1,
-                            },
+                            Span { q_len: 1, kv_len, pos_offset: kv_len - 1 },
                             &cfg,
                         );
                     }
@@ -165,10 +154,7 @@ fn bench_batch_decode(c: &mut Criterion) {
             .iter()
             .enumerate()
             .map(|(i, t)| AttnSegment {
-                pages: PagedKv {
-                    block_table: t,
-                    block_size: bs,
-                },
+                pages: PagedKv { block_table: t, block_size: bs },
                 offset: i * nh * hd,
                 q_len: 1,
                 kv_len,

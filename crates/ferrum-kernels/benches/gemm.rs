@@ -101,10 +101,7 @@ fn bench_gemm_quant(c: &mut Criterion) {
             zeros: None,
             g_idx: None,
         };
-        let kind = QuantKind::Gguf {
-            quant_type: t,
-            int8_activations,
-        };
+        let kind = QuantKind::Gguf { quant_type: t, int8_activations };
         let name = quant_name(t, int8_activations);
         for m in [1usize, 8, 64] {
             let a: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
@@ -161,10 +158,7 @@ fn bench_decode_from_memory(c: &mut Criterion) {
         let qws: Vec<_> = (0..copies)
             .map(|_| CpuBackend::load_gguf(&bytes, t, n, k).unwrap_or_else(|e| panic!("{e}")))
             .collect();
-        let kind = QuantKind::Gguf {
-            quant_type: t,
-            int8_activations,
-        };
+        let kind = QuantKind::Gguf { quant_type: t, int8_activations };
         // One row (decode), eight (a decode batch) from memory, and eight
         // against one copy (7-13 MB, in L3 where it has room) to show what
         // streaming from memory costs the batch.

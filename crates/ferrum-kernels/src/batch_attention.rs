@@ -206,11 +206,7 @@ fn per_sequence<B: Backend>(
             a.q_norm,
             [cos, sin],
             &mut s.seg_qh,
-            Heads {
-                tokens: n,
-                heads: nh,
-                head_dim: hd,
-            },
+            Heads { tokens: n, heads: nh, head_dim: hd },
             p,
             eps,
             a.mode,
@@ -221,11 +217,7 @@ fn per_sequence<B: Backend>(
             a.k_norm,
             [cos, sin],
             &mut s.seg_kh,
-            Heads {
-                tokens: n,
-                heads: nkv,
-                head_dim: hd,
-            },
+            Heads { tokens: n, heads: nkv, head_dim: hd },
             p,
             eps,
             a.mode,
@@ -237,11 +229,7 @@ fn per_sequence<B: Backend>(
             a.k_norm,
             [cos, sin],
             &mut s.seg_vh,
-            Heads {
-                tokens: n,
-                heads: nkv,
-                head_dim: hd,
-            },
+            Heads { tokens: n, heads: nkv, head_dim: hd },
             p,
             eps,
             transpose,
@@ -253,11 +241,7 @@ fn per_sequence<B: Backend>(
             &seg.pages,
             p,
             [&s.seg_kh, &s.seg_vh],
-            Heads {
-                tokens: n,
-                heads: nkv,
-                head_dim: hd,
-            },
+            Heads { tokens: n, heads: nkv, head_dim: hd },
         );
         if batched {
             B::copy_slice(ctx, &s.seg_qh, 0, &mut s.heads_q, seg.offset, n * qd);
@@ -275,11 +259,7 @@ fn per_sequence<B: Backend>(
             [kp, vp],
             &seg.pages,
             &mut s.seg_attn,
-            Span {
-                q_len: n,
-                kv_len,
-                pos_offset: p,
-            },
+            Span { q_len: n, kv_len, pos_offset: p },
             cfg,
         );
         if direct {
@@ -287,22 +267,14 @@ fn per_sequence<B: Backend>(
                 ctx,
                 &s.seg_attn,
                 out,
-                Heads {
-                    tokens: n,
-                    heads: nh,
-                    head_dim: hd,
-                },
+                Heads { tokens: n, heads: nh, head_dim: hd },
             );
         } else {
             B::transpose_head_to_token(
                 ctx,
                 &s.seg_attn,
                 &mut s.seg_tok,
-                Heads {
-                    tokens: n,
-                    heads: nh,
-                    head_dim: hd,
-                },
+                Heads { tokens: n, heads: nh, head_dim: hd },
             );
             B::copy_slice(ctx, &s.seg_tok, 0, out, seg.offset, n * qd);
         }
@@ -320,11 +292,7 @@ fn per_sequence<B: Backend>(
                     ctx,
                     &s.seg_attn,
                     &mut s.seg_tok,
-                    Heads {
-                        tokens: n,
-                        heads: nh,
-                        head_dim: hd,
-                    },
+                    Heads { tokens: n, heads: nh, head_dim: hd },
                 );
                 B::copy_slice(ctx, &s.seg_tok, 0, out, at, n * qd);
             }

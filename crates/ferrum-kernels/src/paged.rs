@@ -17,11 +17,7 @@ pub fn gather_attention<B: Backend>(
     span: Span,
     cfg: &AttnConfig,
 ) {
-    let Span {
-        q_len,
-        kv_len,
-        pos_offset,
-    } = span;
+    let Span { q_len, kv_len, pos_offset } = span;
     let [k_pool, v_pool] = pools;
     let (nkv, hd, bs) = (cfg.num_kv_heads, cfg.head_dim, pages.block_size);
     let mut k = B::alloc(nkv * kv_len * hd);
@@ -35,21 +31,14 @@ pub fn gather_attention<B: Backend>(
             B::copy_slice(ctx, v_pool, src, &mut v, dst, run);
         }
     }
-    let cfg = AttnConfig {
-        kv_seq_stride: kv_len,
-        ..cfg.clone()
-    };
+    let cfg = AttnConfig { kv_seq_stride: kv_len, ..cfg.clone() };
     B::flash_attention(
         ctx,
         q,
         [&k, &v],
         out,
         1,
-        Span {
-            q_len,
-            kv_len,
-            pos_offset,
-        },
+        Span { q_len, kv_len, pos_offset },
         &cfg,
     );
 }
@@ -115,11 +104,7 @@ pub fn rows_by_parts<B: Backend>(
             q_norm,
             [cos, sin],
             &mut y,
-            Heads {
-                tokens: 1,
-                heads: nh,
-                head_dim: hd,
-            },
+            Heads { tokens: 1, heads: nh, head_dim: hd },
             p,
             eps,
             mode,
@@ -132,11 +117,7 @@ pub fn rows_by_parts<B: Backend>(
             k_norm,
             [cos, sin],
             &mut kh,
-            Heads {
-                tokens: 1,
-                heads: nkv,
-                head_dim: hd,
-            },
+            Heads { tokens: 1, heads: nkv, head_dim: hd },
             p,
             eps,
             mode,
@@ -149,11 +130,7 @@ pub fn rows_by_parts<B: Backend>(
             &s.pages,
             p,
             [&kh, &vh],
-            Heads {
-                tokens: 1,
-                heads: nkv,
-                head_dim: hd,
-            },
+            Heads { tokens: 1, heads: nkv, head_dim: hd },
         );
     }
 }

@@ -210,11 +210,7 @@ fn check_attention(
         [&buf(&k), &buf(&v)],
         &mut out,
         batch,
-        Span {
-            q_len,
-            kv_len,
-            pos_offset,
-        },
+        Span { q_len, kv_len, pos_offset },
         &cfg,
     );
     let vmax = v.iter().fold(0f32, |a, &x| a.max(x.abs())) as f64;
@@ -306,11 +302,7 @@ fn attention_window_of_one_copies_own_value() {
         [&buf(&k), &buf(&v)],
         &mut out,
         1,
-        Span {
-            q_len,
-            kv_len,
-            pos_offset: pos,
-        },
+        Span { q_len, kv_len, pos_offset: pos },
         &cfg,
     );
     for h in 0..nkv * group {
@@ -401,10 +393,7 @@ fn check_paged_attention(
     // More blocks than needed, handed out in a scrambled order.
     let nblocks = kv_len.div_ceil(bs) + 3;
     let table = shuffled_ids(nblocks, &mut rng);
-    let pages = PagedKv {
-        block_table: &table,
-        block_size: bs,
-    };
+    let pages = PagedKv { block_table: &table, block_size: bs };
     let pool = nblocks * pages.block_len(nkv, hd);
     let (mut kp, mut vp) = (B::alloc_kv(pool, dtype), B::alloc_kv(pool, dtype));
     let (mut kg, mut vg) = (B::alloc_kv(pool, dtype), B::alloc_kv(pool, dtype));
@@ -424,11 +413,7 @@ fn check_paged_attention(
             &pages,
             pos,
             [&kc, &vc],
-            Heads {
-                tokens: n,
-                heads: nkv,
-                head_dim: hd,
-            },
+            Heads { tokens: n, heads: nkv, head_dim: hd },
         );
         copy_append::<B>(&mut (), &mut kg, &mut vg, &pages, pos, &kc, &vc, n, nkv, hd);
         pos += n;
@@ -459,11 +444,7 @@ fn check_paged_attention(
         [&kp, &vp],
         &pages,
         &mut out,
-        Span {
-            q_len,
-            kv_len,
-            pos_offset: off,
-        },
+        Span { q_len, kv_len, pos_offset: off },
         &cfg,
     );
     let what = format!(
@@ -477,11 +458,7 @@ fn check_paged_attention(
         [&kp, &vp],
         &pages,
         &mut out,
-        Span {
-            q_len,
-            kv_len,
-            pos_offset: off,
-        },
+        Span { q_len, kv_len, pos_offset: off },
         &cfg,
     );
     assert_close(
@@ -558,10 +535,7 @@ fn check_segmented(dtype: KvDtype) {
     let mut want = Vec::new();
     let mut offset = 0;
     for (&(q_len, kv_len), table) in seqs.iter().zip(&tables) {
-        let pages = PagedKv {
-            block_table: table,
-            block_size: bs,
-        };
+        let pages = PagedKv { block_table: table, block_size: bs };
         let n = nh * q_len * hd;
         let mut out = B::from_slice(&vec![f32::NAN; n]);
         let qs = buf(&q[offset..offset + n]);
@@ -572,11 +546,7 @@ fn check_segmented(dtype: KvDtype) {
             [&kp, &vp],
             &pages,
             &mut out,
-            Span {
-                q_len,
-                kv_len,
-                pos_offset: pos,
-            },
+            Span { q_len, kv_len, pos_offset: pos },
             &cfg,
         );
         want.extend_from_slice(&B::to_vec(&out, n));
@@ -630,10 +600,7 @@ fn rms_norm_and_fused_add() {
             &buf(&w),
             1e-5,
             &mut out,
-            Mat {
-                rows: tokens,
-                cols: dim,
-            },
+            Mat { rows: tokens, cols: dim },
         );
         assert_close("rms_norm", &out, &want, tol(&want));
 
@@ -648,10 +615,7 @@ fn rms_norm_and_fused_add() {
             &buf(&w),
             1e-6,
             &mut out,
-            Mat {
-                rows: tokens,
-                cols: dim,
-            },
+            Mat { rows: tokens, cols: dim },
         );
         assert_eq!(&residual[..], &sum[..], "fused_add_rms_norm residual");
         assert_close("fused_add_rms_norm", &out, &want, tol(&want));
@@ -689,10 +653,7 @@ fn layer_norm_matches_reference() {
             &buf(&bta),
             1e-12,
             &mut out,
-            Mat {
-                rows: tokens,
-                cols: dim,
-            },
+            Mat { rows: tokens, cols: dim },
         );
         assert_close("layer_norm", &out, &want, |i| 2e-6 * (1.0 + want[i].abs()));
     }
@@ -768,11 +729,7 @@ fn qk_norm_rope_all_modes() {
                 &buf(&nw),
                 [&buf(&cos), &buf(&sin)],
                 &mut out,
-                Heads {
-                    tokens,
-                    heads,
-                    head_dim: hd,
-                },
+                Heads { tokens, heads, head_dim: hd },
                 pos_offset,
                 1e-6,
                 mode,
@@ -810,10 +767,7 @@ fn decode_rows_qkv_equals_per_sequence_ops() {
         let segs: Vec<AttnSegment> = [3, 0, 4, 1, 2]
             .iter()
             .map(|&r: &usize| AttnSegment {
-                pages: PagedKv {
-                    block_table: tables[r],
-                    block_size: bs,
-                },
+                pages: PagedKv { block_table: tables[r], block_size: bs },
                 offset: r * qd,
                 q_len: 1,
                 kv_len: positions[r] + 1,
@@ -898,11 +852,7 @@ fn layout_ops_move_the_right_elements() {
         &empty,
         [&empty, &empty],
         &mut head_major,
-        Heads {
-            tokens,
-            heads,
-            head_dim: dim,
-        },
+        Heads { tokens, heads, head_dim: dim },
         0,
         0.0,
         QkMode::Transpose,
@@ -922,11 +872,7 @@ fn layout_ops_move_the_right_elements() {
         &mut (),
         &head_major,
         &mut back,
-        Heads {
-            tokens,
-            heads,
-            head_dim: dim,
-        },
+        Heads { tokens, heads, head_dim: dim },
     );
     assert_eq!(&back[..], &token_major[..]);
 
@@ -1026,15 +972,7 @@ fn activations_and_adds() {
             })
             .collect();
         let mut out = B::from_slice(&vec![f32::NAN; tokens * im]);
-        B::fused_silu_mul_split(
-            &mut (),
-            &buf(&gu),
-            &mut out,
-            Mat {
-                rows: tokens,
-                cols: im,
-            },
-        );
+        B::fused_silu_mul_split(&mut (), &buf(&gu), &mut out, Mat { rows: tokens, cols: im });
         assert_close("silu_mul", &out, &want, |i| 2e-6 * (1.0 + want[i].abs()));
 
         let want: Vec<f64> = (0..tokens * im)
@@ -1046,15 +984,7 @@ fn activations_and_adds() {
             })
             .collect();
         let mut out = B::from_slice(&vec![f32::NAN; tokens * im]);
-        B::fused_gelu_tanh_mul_split(
-            &mut (),
-            &buf(&gu),
-            &mut out,
-            Mat {
-                rows: tokens,
-                cols: im,
-            },
-        );
+        B::fused_gelu_tanh_mul_split(&mut (), &buf(&gu), &mut out, Mat { rows: tokens, cols: im });
         assert_close("gelu_tanh_mul", &out, &want, |i| {
             2e-6 * (1.0 + want[i].abs())
         });
@@ -1108,15 +1038,7 @@ fn activations_and_adds() {
         }
         let bias = rand_vec(&mut rng, im);
         let mut d = buf(x);
-        B::add_bias(
-            &mut (),
-            &mut d,
-            &buf(&bias),
-            Mat {
-                rows: tokens,
-                cols: im,
-            },
-        );
+        B::add_bias(&mut (), &mut d, &buf(&bias), Mat { rows: tokens, cols: im });
         for i in 0..n {
             assert_eq!(d[i], x[i] + bias[i % im]);
         }
@@ -1257,10 +1179,7 @@ fn check_documented_defaults<Bk: SeedOps>() {
         g_idx: None,
     };
     // GGUF kinds have CPU kernels; AWQ has none on any backend yet.
-    let kind = QuantKind::Awq {
-        bits: 4,
-        group_size: 128,
-    };
+    let kind = QuantKind::Awq { bits: 4, group_size: 128 };
     let err =
         Bk::gemm_quant(&mut ctx, &a, &w, &mut out, Gemm { m: 1, n: 1, k: 4 }, &kind).unwrap_err();
     assert!(

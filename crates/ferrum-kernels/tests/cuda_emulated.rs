@@ -455,10 +455,7 @@ fn paged_attention_matches_the_cpu() {
             .zip(&p.tables)
             .map(|((&ql, &kvl), t)| {
                 let s = AttnSegment {
-                    pages: PagedKv {
-                        block_table: t,
-                        block_size: bs,
-                    },
+                    pages: PagedKv { block_table: t, block_size: bs },
                     offset,
                     q_len: ql,
                     kv_len: kvl,
@@ -552,10 +549,7 @@ fn paged_writes_match_the_cpu() {
         .zip(&p.tables)
         .enumerate()
         .map(|(r, (&len, t))| AttnSegment {
-            pages: PagedKv {
-                block_table: t,
-                block_size: bs,
-            },
+            pages: PagedKv { block_table: t, block_size: bs },
             offset: r * nh * hd,
             q_len: 1,
             kv_len: len,
@@ -637,11 +631,7 @@ fn paged_writes_match_the_cpu() {
         &pages,
         pos,
         [&cnk, &cnv],
-        Heads {
-            tokens: nt,
-            heads: nkv,
-            head_dim: hd,
-        },
+        Heads { tokens: nt, heads: nkv, head_dim: hd },
     );
     let seg = AttnSegment {
         pages,

@@ -191,11 +191,7 @@ fn attention_matches_cpu() {
             [&ck, &cv],
             &mut co,
             b,
-            Span {
-                q_len: ql,
-                kv_len: kvl,
-                pos_offset: pos,
-            },
+            Span { q_len: ql, kv_len: kvl, pos_offset: pos },
             &cfg,
         );
         let ctx = &mut G::new_context();
@@ -205,11 +201,7 @@ fn attention_matches_cpu() {
             [&gk, &gv],
             &mut go,
             b,
-            Span {
-                q_len: ql,
-                kv_len: kvl,
-                pos_offset: pos,
-            },
+            Span { q_len: ql, kv_len: kvl, pos_offset: pos },
             &cfg,
         );
         G::sync(ctx);
@@ -274,11 +266,7 @@ fn grouped_expert_gemm_and_gather_add() {
         let mut go = G::from_slice(&before);
         let groups: Vec<ExpertRows<'_, G>> = plan
             .iter()
-            .map(|&(e, start, rows)| ExpertRows {
-                weights: &experts[e].1,
-                start,
-                rows,
-            })
+            .map(|&(e, start, rows)| ExpertRows { weights: &experts[e].1, start, rows })
             .collect();
         let ctx = &mut G::new_context();
         let qt = GgufQuantType::from_ggml(ty).unwrap();
@@ -447,11 +435,7 @@ fn elementwise_and_layout_ops() {
             &cnw,
             [&ccos, &csin],
             &mut ch,
-            Heads {
-                tokens: t,
-                heads,
-                head_dim: hd,
-            },
+            Heads { tokens: t, heads, head_dim: hd },
             pos,
             1e-6,
             mode,
@@ -462,11 +446,7 @@ fn elementwise_and_layout_ops() {
             &gnw,
             [&gcos, &gsin],
             &mut gh,
-            Heads {
-                tokens: t,
-                heads,
-                head_dim: hd,
-            },
+            Heads { tokens: t, heads, head_dim: hd },
             pos,
             1e-6,
             mode,
@@ -478,22 +458,9 @@ fn elementwise_and_layout_ops() {
         &mut (),
         &ch,
         &mut ct,
-        Heads {
-            tokens: t,
-            heads,
-            head_dim: hd,
-        },
+        Heads { tokens: t, heads, head_dim: hd },
     );
-    G::transpose_head_to_token(
-        ctx,
-        &gh,
-        &mut gt,
-        Heads {
-            tokens: t,
-            heads,
-            head_dim: hd,
-        },
-    );
+    G::transpose_head_to_token(ctx, &gh, &mut gt, Heads { tokens: t, heads, head_dim: hd });
     check("transpose_head_to_token", &gt, &ct, len);
     let cap = 20;
     let (mut ckc, mut cvc) = (C::alloc(heads * cap * hd), C::alloc(heads * cap * hd));
@@ -589,10 +556,7 @@ fn paged_ops_match_cpu() {
             .zip(&tables)
             .enumerate()
             .map(|(r, (&len, t))| AttnSegment {
-                pages: PagedKv {
-                    block_table: t,
-                    block_size: bs,
-                },
+                pages: PagedKv { block_table: t, block_size: bs },
                 offset: r * nh * hd,
                 q_len: 1,
                 kv_len: len,
@@ -676,10 +640,7 @@ fn paged_ops_match_cpu() {
 
         // Six new positions of the fifth sequence from 37, across blocks.
         let (pos, n) = (37, 6);
-        let pages = PagedKv {
-            block_table: &tables[4],
-            block_size: bs,
-        };
+        let pages = PagedKv { block_table: &tables[4], block_size: bs };
         let (nk, nv) = (
             rand_vec(&mut rng, nkv * n * hd),
             rand_vec(&mut rng, nkv * n * hd),
@@ -691,11 +652,7 @@ fn paged_ops_match_cpu() {
             &pages,
             pos,
             [&cnk, &cnv],
-            Heads {
-                tokens: n,
-                heads: nkv,
-                head_dim: hd,
-            },
+            Heads { tokens: n, heads: nkv, head_dim: hd },
         );
         G::paged_kv_append(
             ctx,
@@ -703,11 +660,7 @@ fn paged_ops_match_cpu() {
             &pages,
             pos,
             [&gnk, &gnv],
-            Heads {
-                tokens: n,
-                heads: nkv,
-                head_dim: hd,
-            },
+            Heads { tokens: n, heads: nkv, head_dim: hd },
         );
         let pq = rand_vec(&mut rng, nh * n * hd);
         let (cpq, gpq) = up(&pq);

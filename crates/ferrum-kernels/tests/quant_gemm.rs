@@ -65,10 +65,7 @@ fn run_gemm_on(
         zeros: None,
         g_idx: None,
     };
-    let kind = QuantKind::Gguf {
-        quant_type: t,
-        int8_activations,
-    };
+    let kind = QuantKind::Gguf { quant_type: t, int8_activations };
     B::gemm_quant(
         &mut (),
         &B::from_slice(a),
@@ -335,10 +332,7 @@ fn blocks_in_the_file_layout_still_compute() {
 #[test]
 fn short_buffers_and_ragged_k_are_errors() {
     let t = GgufQuantType::Q8_0;
-    let kind = QuantKind::Gguf {
-        quant_type: t,
-        int8_activations: false,
-    };
+    let kind = QuantKind::Gguf { quant_type: t, int8_activations: false };
     let a = B::alloc(64);
     let mut out = B::alloc(8);
     // The file's layout, and the one load_gguf chose (interleaved where the
@@ -361,11 +355,7 @@ fn short_buffers_and_ragged_k_are_errors() {
                 &a,
                 &w,
                 &mut out,
-                Gemm {
-                    m: 1,
-                    n: too_many,
-                    k: 64
-                },
+                Gemm { m: 1, n: too_many, k: 64 },
                 &kind
             )
             .is_err(),
@@ -422,10 +412,7 @@ fn short_buffers_and_ragged_k_are_errors() {
             zeros: None,
             g_idx: None,
         };
-        let kind = QuantKind::Gguf {
-            quant_type: ty,
-            int8_activations: false,
-        };
+        let kind = QuantKind::Gguf { quant_type: ty, int8_activations: false };
         let r = B::gemm_quant(
             &mut (),
             &a256,

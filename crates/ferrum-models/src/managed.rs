@@ -38,11 +38,7 @@ pub struct KvManaged<M> {
 impl<M: PagedLlm> KvManaged<M> {
     pub fn new(model: M) -> Self {
         let blocks = model.kv_pool().manager();
-        Self {
-            model,
-            blocks,
-            logits: Vec::new(),
-        }
+        Self { model, blocks, logits: Vec::new() }
     }
 
     pub fn model(&self) -> &M {
@@ -161,12 +157,7 @@ impl<M: PagedLlm> KvManaged<M> {
         pos: usize,
         logits: LogitsWanted,
     ) -> Result<Vec<f32>> {
-        let seg = Segment {
-            cache_id,
-            tokens,
-            pos,
-            logits,
-        };
+        let seg = Segment { cache_id, tokens, pos, logits };
         let mut all = std::mem::take(&mut self.logits);
         self.forward_into(&[seg], &mut all)?;
         if logits == LogitsWanted::All {
@@ -201,10 +192,7 @@ impl<M: PagedLlm> KvManaged<M> {
     ) -> Result<()> {
         let capacity = self.model.kv_capacity();
         if len > capacity {
-            return Err(FerrumError::ContextOverflow {
-                needed: len,
-                capacity,
-            });
+            return Err(FerrumError::ContextOverflow { needed: len, capacity });
         }
         self.blocks.release(cache_id);
         self.blocks.reserve(cache_id, len)?;

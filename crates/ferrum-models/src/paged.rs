@@ -153,10 +153,7 @@ pub(crate) fn check_tokens(
         )));
     }
     if pos + tokens.len() > capacity {
-        return Err(FerrumError::ContextOverflow {
-            needed: pos + tokens.len(),
-            capacity,
-        });
+        return Err(FerrumError::ContextOverflow { needed: pos + tokens.len(), capacity });
     }
     Ok(())
 }

@@ -62,19 +62,14 @@ pub struct RopeSpec {
 
 impl RopeSpec {
     pub fn plain(theta: f32) -> Self {
-        Self {
-            theta,
-            scaling: RopeScaling::None,
-        }
+        Self { theta, scaling: RopeScaling::None }
     }
 
     /// From a Hugging Face `rope_parameters`/`rope_scaling` entry.
     pub fn from_hf(p: &RopeParams, max_pos: usize) -> Result<Self, String> {
         let scaling = match p.rope_type.as_str() {
             "default" => RopeScaling::None,
-            "linear" => RopeScaling::Linear {
-                factor: p.factor.unwrap_or(1.0) as f32,
-            },
+            "linear" => RopeScaling::Linear { factor: p.factor.unwrap_or(1.0) as f32 },
             "yarn" => {
                 let orig = p
                     .original_max_position_embeddings
@@ -131,10 +126,7 @@ impl RopeSpec {
                 ))
             }
         };
-        Ok(Self {
-            theta: p.theta as f32,
-            scaling,
-        })
+        Ok(Self { theta: p.theta as f32, scaling })
     }
 
     /// Inverse frequency of each of the `head_dim / 2` rotated pairs, for

@@ -73,10 +73,7 @@ fn bert_matches_transformers() {
     );
     let inputs: Vec<EncoderInput> = seqs
         .iter()
-        .map(|(i, t)| EncoderInput {
-            ids: i,
-            type_ids: Some(t),
-        })
+        .map(|(i, t)| EncoderInput { ids: i, type_ids: Some(t) })
         .collect();
     let hidden = model.forward(&inputs).unwrap();
 
@@ -129,10 +126,7 @@ fn bert_rejects_bad_inputs() {
         (vec![1, 2], Some(vec![0u32])),
         (vec![1, 2], Some(vec![0u32, 7])),
     ] {
-        let inp = EncoderInput {
-            ids: &ids,
-            type_ids: types.as_deref(),
-        };
+        let inp = EncoderInput { ids: &ids, type_ids: types.as_deref() };
         assert!(model.forward(&[inp]).is_err(), "accepted {ids:?} {types:?}");
     }
 }
@@ -167,10 +161,7 @@ fn encoders_load_through_the_registry() {
     let direct = BertModel::<CpuBackend>::from_hf_dir(&fixtures.join("bert")).unwrap();
     assert_eq!(encoder.hidden(), direct.config().hidden);
     assert_eq!(encoder.max_positions(), direct.config().max_positions);
-    let inp = EncoderInput {
-        ids: &[1, 5, 9, 2],
-        type_ids: None,
-    };
+    let inp = EncoderInput { ids: &[1, 5, 9, 2], type_ids: None };
     assert_eq!(
         encoder.encode(&[inp]).unwrap(),
         direct.forward(&[inp]).unwrap()

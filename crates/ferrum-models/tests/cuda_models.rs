@@ -258,10 +258,7 @@ fn gpu_moe_matches_cpu_and_batches_equal_alone() {
         return;
     }
     // Room for the 40 sequences at once.
-    let forty = KvPoolConfig {
-        sequences: 40,
-        ..KvPoolConfig::default()
-    };
+    let forty = KvPoolConfig { sequences: 40, ..KvPoolConfig::default() };
     for (what, cfg) in [
         ("qwen3-moe", common::small_moe()),
         ("shared+groups", common::small_moe_shared_groups()),
@@ -385,14 +382,8 @@ fn gpu_encoder_matches_cpu() {
     let gpu = load_encoder::<CudaBackend>(&dir).unwrap();
     let (a, b) = ([1u32, 7, 42, 99, 5, 2], [1u32, 3, 2]);
     let inputs = [
-        EncoderInput {
-            ids: &a,
-            type_ids: None,
-        },
-        EncoderInput {
-            ids: &b,
-            type_ids: Some(&[0, 1, 1]),
-        },
+        EncoderInput { ids: &a, type_ids: None },
+        EncoderInput { ids: &b, type_ids: Some(&[0, 1, 1]) },
     ];
     let (want, got) = (cpu.encode(&inputs).unwrap(), gpu.encode(&inputs).unwrap());
     for (w, g) in want.iter().zip(&got) {

@@ -75,17 +75,14 @@ pub async fn embeddings(
         ));
     };
     let (reply, rx) = oneshot::channel();
-    jobs.send(EmbedJob {
-        inputs: prepared,
-        reply,
-    })
-    .map_err(|_| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the embedding model is not running",
-            None,
-        )
-    })?;
+    jobs.send(EmbedJob { inputs: prepared, reply })
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the embedding model is not running",
+                None,
+            )
+        })?;
     let vectors = rx
         .await
         .map_err(|_| {

@@ -101,13 +101,7 @@ fn submit(
     prompt_logprobs: Option<usize>,
     constraint: Option<Constraint>,
 ) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
-    let Ready::Llm {
-        jobs,
-        capacity,
-        tok,
-        ..
-    } = s.ready()?
-    else {
+    let Ready::Llm { jobs, capacity, tok, .. } = s.ready()? else {
         return Err(ApiError::invalid(
             "this server runs an embedding model; use /v1/embeddings",
             Some("model"),
@@ -327,13 +321,7 @@ fn prepare_chat(s: &Shared, b: Result<Bytes, BytesRejection>) -> Result<ChatPrep
         messages = req.messages.len(),
         "chat request"
     );
-    let Ready::Llm {
-        tok,
-        template,
-        grammars,
-        ..
-    } = s.ready()?
-    else {
+    let Ready::Llm { tok, template, grammars, .. } = s.ready()? else {
         return Err(ApiError::invalid(
             "this server runs an embedding model; use /v1/embeddings",
             Some("model"),
@@ -354,13 +342,7 @@ fn prepare_chat(s: &Shared, b: Result<Bytes, BytesRejection>) -> Result<ChatPrep
     let prompt = tok
         .encode(&text, false, true)
         .map_err(ApiError::from_model)?;
-    Ok(ChatPrep {
-        p,
-        tok,
-        tools,
-        prompt,
-        constraint,
-    })
+    Ok(ChatPrep { p, tok, tools, prompt, constraint })
 }
 
 pub async fn chat(
@@ -368,13 +350,8 @@ pub async fn chat(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let shared = s.clone();
-    let ChatPrep {
-        p,
-        tok,
-        tools,
-        prompt,
-        constraint,
-    } = off_reactor(body_len(&b), move || prepare_chat(&shared, b)).await?;
+    let ChatPrep { p, tok, tools, prompt, constraint } =
+        off_reactor(body_len(&b), move || prepare_chat(&shared, b)).await?;
     let prompt_tokens = prompt.len();
     let rx = submit(&s, prompt, "messages", &p, None, None, constraint)?;
     let id = s.request_id("chatcmpl");
@@ -603,13 +580,8 @@ pub async fn completions(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let shared = s.clone();
-    let CompletionPrep {
-        p,
-        echo,
-        tok,
-        constraint,
-        prompts,
-    } = off_reactor(body_len(&b), move || prepare_completion(&shared, b)).await?;
+    let CompletionPrep { p, echo, tok, constraint, prompts } =
+        off_reactor(body_len(&b), move || prepare_completion(&shared, b)).await?;
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
     // Only `echo` needs the prompts' text back.
     let echoes: Vec<String> = if echo {
@@ -740,11 +712,7 @@ fn stream(
                 };
                 let Some(ev) = ev else { break };
                 let ok = match ev {
-                    Event::Text {
-                        index,
-                        text,
-                        logprobs,
-                    } => {
+                    Event::Text { index, text, logprobs } => {
                         let i = pi * p.n + index;
                         let mut ok = true;
                         if !started[index] {

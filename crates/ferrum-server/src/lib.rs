@@ -265,11 +265,7 @@ pub async fn bind(cfg: ServeConfig) -> Result<Bound, String> {
         created: now(),
         next_id: AtomicU64::new(0),
     });
-    Ok(Bound {
-        listener,
-        local,
-        state,
-    })
+    Ok(Bound { listener, local, state })
 }
 
 impl Bound {
@@ -286,11 +282,7 @@ impl Bound {
     /// Loads the model in the background and serves until SIGINT or
     /// SIGTERM. Returns an error when the model cannot be loaded.
     pub async fn run(self, loader: Loader) -> Result<(), String> {
-        let Bound {
-            listener,
-            local,
-            state,
-        } = self;
+        let Bound { listener, local, state } = self;
         let timeout = state.cfg.shutdown_timeout;
         tracing::info!(
             "listening on http://{local} (loading the model; /health is 503 until it is ready)"
@@ -299,12 +291,7 @@ impl Bound {
             let state = state.clone();
             tokio::task::spawn_blocking(move || -> Result<(), String> {
                 let ready = match loader()? {
-                    LoadedModel::Llm {
-                        model,
-                        tokenizer,
-                        speculation,
-                        sampling,
-                    } => {
+                    LoadedModel::Llm { model, tokenizer, speculation, sampling } => {
                         let capacity = model.kv_capacity();
                         let template = match tokenizer.chat_template() {
                             Some(src) => Some(ChatTemplate::new(src).map_err(|e| e.to_string())?),

@@ -179,10 +179,7 @@ pub struct StrictLineEnds<S> {
 
 impl<S> StrictLineEnds<S> {
     pub fn new(inner: S) -> Self {
-        Self {
-            inner,
-            watch: Watch::new(),
-        }
+        Self { inner, watch: Watch::new() }
     }
 }
 

@@ -58,11 +58,7 @@ pub struct StalledWrites<S> {
 
 impl<S> StalledWrites<S> {
     pub fn new(inner: S, limit: Duration) -> Self {
-        Self {
-            inner,
-            limit,
-            stalled: None,
-        }
+        Self { inner, limit, stalled: None }
     }
 
     /// What a write's `poll` gave, with the stall clock applied.

@@ -104,10 +104,7 @@ pub fn parse_tools(v: &Value) -> Result<Vec<Tool>> {
         if tools.iter().any(|x: &Tool| x.name == name) {
             return Err(bad(&format!("the function name {name:?} is used twice")));
         }
-        tools.push(Tool {
-            name: name.to_string(),
-            parameters,
-        });
+        tools.push(Tool { name: name.to_string(), parameters });
     }
     Ok(tools)
 }

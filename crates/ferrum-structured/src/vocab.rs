@@ -89,10 +89,7 @@ impl Grammars {
             ..TokRxInfo::new(n as u32, eos)
         };
         let trie = TokTrie::from(&info, &words);
-        let env: TokEnv = Arc::new(VocabEnv {
-            tok: tok.clone(),
-            trie,
-        });
+        let env: TokEnv = Arc::new(VocabEnv { tok: tok.clone(), trie });
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| FerrumError::invalid(format!("cannot index the vocabulary: {e}")))?;
         // Errors come back to the caller; nothing goes to stderr.

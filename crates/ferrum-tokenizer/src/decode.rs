@@ -25,11 +25,7 @@ pub struct IncrementalDecoder<'t> {
 
 impl<'t> IncrementalDecoder<'t> {
     pub(crate) fn new(tok: &'t Tokenizer) -> Self {
-        Self {
-            tok,
-            pending: Vec::new(),
-            started: false,
-        }
+        Self { tok, pending: Vec::new(), started: false }
     }
 
     /// Adds one token and returns the text it completes (possibly empty).

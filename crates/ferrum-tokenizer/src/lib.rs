@@ -158,11 +158,7 @@ impl Tokenizer {
         Ok(Self {
             strip_leading_space: vocab.kind == VocabKind::Spm && vocab.add_space_prefix
                 || vocab.kind == VocabKind::Wpm,
-            inner: Inner::Gguf {
-                vocab: Box::new(vocab),
-                pre,
-                specials,
-            },
+            inner: Inner::Gguf { vocab: Box::new(vocab), pre, specials },
             special,
             style,
             chat_template,
@@ -192,11 +188,7 @@ impl Tokenizer {
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
         match &self.inner {
             Inner::Hf(hf) => hf.encode(text, add_special, parse_special),
-            Inner::Gguf {
-                vocab,
-                pre,
-                specials,
-            } => {
+            Inner::Gguf { vocab, pre, specials } => {
                 let fragments = partition(text, specials, parse_special);
                 let mut out = Vec::with_capacity(text.len() / 3 + 2);
                 if add_special && (vocab.add_bos || vocab.kind == VocabKind::Wpm) {

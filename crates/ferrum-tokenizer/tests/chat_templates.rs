@@ -21,11 +21,7 @@ fn messages(v: &Value) -> Vec<Message> {
                 .as_str()
                 .unwrap()
                 .to_string();
-            Message {
-                role,
-                content,
-                extra,
-            }
+            Message { role, content, extra }
         })
         .collect()
 }

@@ -59,18 +59,12 @@ impl FerrumError {
 
     /// Shorthand for [`FerrumError::BadFile`].
     pub fn bad_file(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
-        Self::BadFile {
-            path: path.into(),
-            message: msg.into(),
-        }
+        Self::BadFile { path: path.into(), message: msg.into() }
     }
 
     /// Shorthand for [`FerrumError::Io`].
     pub fn io(path: impl Into<PathBuf>, err: std::io::Error) -> Self {
-        Self::Io {
-            path: path.into(),
-            err,
-        }
+        Self::Io { path: path.into(), err }
     }
 
     /// True for [`FerrumError::Unsupported`]; callers use it to pick a
@@ -90,10 +84,7 @@ mod tests {
         assert_eq!(e.to_string(), "/m/x.gguf: tensor data past end of file");
         assert!(FerrumError::unsupported("mla").is_unsupported());
         assert!(!FerrumError::invalid("top_p > 1").is_unsupported());
-        let o = FerrumError::ContextOverflow {
-            needed: 5000,
-            capacity: 4096,
-        };
+        let o = FerrumError::ContextOverflow { needed: 5000, capacity: 4096 };
         assert!(o.to_string().contains("5000") && o.to_string().contains("4096"));
     }
 }

@@ -180,13 +180,7 @@ fn describe(name: String, path: PathBuf) -> Option<Entry> {
     } else {
         return None;
     };
-    Some(Entry {
-        name,
-        path,
-        format,
-        quantization,
-        bytes,
-    })
+    Some(Entry { name, path, format, quantization, bytes })
 }
 
 /// The files whose bytes a path holds, links resolved: the file itself, or

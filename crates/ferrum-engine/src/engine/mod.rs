@@ -165,12 +165,7 @@ impl Engine {
                 }
             })
             .map_err(|e| FerrumError::Device(format!("cannot start the engine thread: {e}")))?;
-        Ok(Self {
-            tx,
-            stats,
-            tok,
-            capacity,
-        })
+        Ok(Self { tx, stats, tok, capacity })
     }
 
     /// Queues `req` and returns its event stream. Invalid requests (empty

@@ -195,11 +195,7 @@ impl<'t> Loop<'t> {
                 let n = fit(&mut self.kv, &mut self.copies, s, budget.min(chunk(s)));
                 if n > 0 {
                     budget -= n;
-                    plan.push(Planned {
-                        seq: i,
-                        tokens: n,
-                        draft: Vec::new(),
-                    });
+                    plan.push(Planned { seq: i, tokens: n, draft: Vec::new() });
                 }
             }
         }
@@ -237,11 +233,7 @@ impl<'t> Loop<'t> {
                     p.seq += 1;
                 }
             }
-            plan.push(Planned {
-                seq: i,
-                tokens: n,
-                draft: Vec::new(),
-            });
+            plan.push(Planned { seq: i, tokens: n, draft: Vec::new() });
         }
         if plan.is_empty() && !self.running.is_empty() {
             // Nothing fits although requests are running: only possible when

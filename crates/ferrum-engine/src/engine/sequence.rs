@@ -203,11 +203,7 @@ impl<'t> Seq<'t> {
         metrics::counter!("ferrum_generation_tokens_total").increment(1);
         let (text, stopped) = self.stops.push(&self.decoder.push(token));
         let logprob = self.want_logprobs.then_some(s);
-        let _ = self.events.send(Event::Token {
-            token,
-            text,
-            logprob,
-        });
+        let _ = self.events.send(Event::Token { token, text, logprob });
         if stopped {
             return Some(self.finish(FinishReason::Stop, true));
         }

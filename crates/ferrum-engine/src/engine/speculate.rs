@@ -38,9 +38,7 @@ impl Speculation {
     /// Prompt-lookup speculation with n-grams of up to `max_ngram` tokens.
     pub fn ngram(max_ngram: usize, tokens: usize) -> Self {
         Self {
-            drafter: Drafter::Ngram {
-                max_ngram: max_ngram.max(1),
-            },
+            drafter: Drafter::Ngram { max_ngram: max_ngram.max(1) },
             tokens,
         }
     }

@@ -141,10 +141,7 @@ impl ActRows {
                 (d[g], s[g]) = (dg, sg);
                 if let Some(i) = spike {
                     let at = 32 * g + i;
-                    outliers[*count] = Outlier {
-                        at: at as u32,
-                        x: x[at],
-                    };
+                    outliers[*count] = Outlier { at: at as u32, x: x[at] };
                     *count += 1;
                 }
             }
@@ -165,10 +162,7 @@ impl ActRows {
                 d[g] = dg;
                 s[g] = dg * qg.iter().map(|&v| i32::from(v)).sum::<i32>() as f32;
                 if let Some(o) = spike {
-                    outliers[*count] = Outlier {
-                        at: (32 * g) as u32 + o.at,
-                        x: o.x,
-                    };
+                    outliers[*count] = Outlier { at: (32 * g) as u32 + o.at, x: o.x };
                     *count += 1;
                 }
             }
@@ -295,10 +289,7 @@ fn quantize8_group(x: &[f32]) -> ([i8; 32], f32, Option<Outlier>) {
     if max * max > OUTLIER_SHARE * sum_sq {
         let i = x.iter().position(|v| v.abs() == max).unwrap_or(0);
         rest[i] = 0.0;
-        outlier = Some(Outlier {
-            at: i as u32,
-            x: x[i],
-        });
+        outlier = Some(Outlier { at: i as u32, x: x[i] });
     }
     let d = rest.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
     let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
@@ -371,10 +362,7 @@ mod tests {
                 assert_eq!(act.d[r * act.stride + g], d);
                 let sum: i32 = q.iter().map(|&v| i32::from(v)).sum();
                 assert_eq!(act.s[r * act.stride + g], d * sum as f32);
-                want_outliers.extend(outlier.map(|o| Outlier {
-                    at: o.at + 32 * g as u32,
-                    x: o.x,
-                }));
+                want_outliers.extend(outlier.map(|o| Outlier { at: o.at + 32 * g as u32, x: o.x }));
             }
             spikes += want_outliers.len();
             assert_eq!(act.row_outliers(r), want_outliers, "row {r}");

@@ -129,11 +129,7 @@ pub(crate) fn flash_attention(
     let n = batch * nh * q_len * hd;
     let (q, out) = (&q[..n], &mut out[..n]);
     let seq = |b: usize| Seq {
-        rows: Contiguous {
-            base: b * nkv * stride * hd,
-            stride,
-            hd,
-        },
+        rows: Contiguous { base: b * nkv * stride * hd, stride, hd },
         offset: b * nh * q_len * hd,
         q_len,
         kv_len,
@@ -174,11 +170,7 @@ pub(crate) fn paged_attention_segments<E: Elem>(
     let seq = |i: usize| {
         let s = &segs[i];
         Seq {
-            rows: Paged {
-                pages: s.pages,
-                nkv,
-                hd,
-            },
+            rows: Paged { pages: s.pages, nkv, hd },
             offset: s.offset,
             q_len: s.q_len,
             kv_len: s.kv_len,
@@ -422,13 +414,7 @@ fn attend_block<E: Elem, R: KvRows>(
     at: Task,
     scratch: &mut Vec<f32>,
 ) {
-    let Task {
-        kvh,
-        q0,
-        nq,
-        keys,
-        partial,
-    } = at;
+    let Task { kvh, q0, nq, keys, partial } = at;
     let (hd, group) = (cfg.head_dim, cfg.num_heads / cfg.num_kv_heads);
     let rows = nq * group;
     let need = rows * (KV_TILE + hd + 2);

@@ -232,10 +232,7 @@ pub struct CpuBuffer {
 impl CpuBuffer {
     /// Takes ownership of `data` (f32 values) without copying.
     pub fn from_vec(data: Vec<f32>) -> Self {
-        Self {
-            data,
-            dtype: CpuDtype::F32,
-        }
+        Self { data, dtype: CpuDtype::F32 }
     }
 
     pub fn dtype(&self) -> CpuDtype {
@@ -307,10 +304,7 @@ impl Backend for CpuBackend {
         let _profile = profile::span(Op::GemmQuant);
         let _awake = awake::keep_awake();
         match kind {
-            QuantKind::Gguf {
-                quant_type,
-                int8_activations,
-            } => {
+            QuantKind::Gguf { quant_type, int8_activations } => {
                 let run = |a: &[f32], out: &mut [f32]| {
                     quant_gemm::gemm_gguf(
                         a,
@@ -356,10 +350,7 @@ impl Backend for CpuBackend {
         out: &mut Self::Buffer,
         shape: Mat,
     ) {
-        let Mat {
-            rows: tokens,
-            cols: dim,
-        } = shape;
+        let Mat { rows: tokens, cols: dim } = shape;
         let _profile = profile::span(Op::Norm);
         norm::rms_norm(x, w, eps, out, tokens, dim);
     }
@@ -373,10 +364,7 @@ impl Backend for CpuBackend {
         out: &mut Self::Buffer,
         shape: Mat,
     ) {
-        let Mat {
-            rows: tokens,
-            cols: dim,
-        } = shape;
+        let Mat { rows: tokens, cols: dim } = shape;
         let _profile = profile::span(Op::Norm);
         norm::fused_add_rms_norm(residual, x, w, eps, out, tokens, dim);
     }
@@ -390,11 +378,7 @@ impl Backend for CpuBackend {
         span: Span,
         cfg: &AttnConfig,
     ) {
-        let Span {
-            q_len,
-            kv_len,
-            pos_offset,
-        } = span;
+        let Span { q_len, kv_len, pos_offset } = span;
         let [k, v] = kv;
         let _profile = profile::span(Op::Attention);
         let _awake = awake::keep_awake();
@@ -417,11 +401,7 @@ impl Backend for CpuBackend {
         span: Span,
         cfg: &AttnConfig,
     ) {
-        let Span {
-            q_len,
-            kv_len,
-            pos_offset,
-        } = span;
+        let Span { q_len, kv_len, pos_offset } = span;
         let _profile = profile::span(Op::Attention);
         let seg = AttnSegment {
             pages: *pages,
@@ -582,10 +562,7 @@ impl Backend for CpuBackend {
         out: &mut Self::Buffer,
         shape: Mat,
     ) {
-        let Mat {
-            rows: tokens,
-            cols: im,
-        } = shape;
+        let Mat { rows: tokens, cols: im } = shape;
         let _profile = profile::span(Op::Activation);
         activation::fused_silu_mul_split(gate_up, out, tokens, im);
     }
@@ -596,10 +573,7 @@ impl Backend for CpuBackend {
         out: &mut Self::Buffer,
         shape: Mat,
     ) {
-        let Mat {
-            rows: tokens,
-            cols: im,
-        } = shape;
+        let Mat { rows: tokens, cols: im } = shape;
         let _profile = profile::span(Op::Activation);
         activation::fused_gelu_tanh_mul_split(gate_up, out, tokens, im);
     }
@@ -615,11 +589,7 @@ impl Backend for CpuBackend {
         eps: f32,
         mode: QkMode,
     ) {
-        let Heads {
-            tokens,
-            heads,
-            head_dim,
-        } = shape;
+        let Heads { tokens, heads, head_dim } = shape;
         let [cos, sin] = rope;
         let _profile = profile::span(Op::QkNormRope);
         rope::qk_norm_rope(
@@ -633,11 +603,7 @@ impl Backend for CpuBackend {
         dst: &mut Self::Buffer,
         shape: Heads,
     ) {
-        let Heads {
-            tokens,
-            heads,
-            head_dim: dim,
-        } = shape;
+        let Heads { tokens, heads, head_dim: dim } = shape;
         let _profile = profile::span(Op::Copy);
         layout::transpose_head_to_token(src, dst, tokens, heads, dim);
     }
@@ -684,10 +650,7 @@ impl Backend for CpuBackend {
         out: &mut Self::Buffer,
         shape: Mat,
     ) {
-        let Mat {
-            rows: tokens,
-            cols: dim,
-        } = shape;
+        let Mat { rows: tokens, cols: dim } = shape;
         let _profile = profile::span(Op::Norm);
         norm::layer_norm(x, gamma, beta, eps, out, tokens, dim);
     }

@@ -141,10 +141,7 @@ pub(crate) struct Phase {
 /// Times part of the op being timed as `op` until the returned phase
 /// drops; the op's own time leaves it out. Phases do not nest.
 pub(crate) fn phase(op: Op) -> Option<Phase> {
-    enabled().then(|| Phase {
-        op,
-        start: Instant::now(),
-    })
+    enabled().then(|| Phase { op, start: Instant::now() })
 }
 
 impl Drop for Phase {

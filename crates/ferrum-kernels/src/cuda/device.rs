@@ -50,10 +50,7 @@ impl Default for Tune {
     /// The fastest of those timed on an H200 (docs/perf-log.md,
     /// 2026-11-28): four columns a block, 128 threads.
     fn default() -> Self {
-        Tune {
-            cols: 4,
-            threads: 128,
-        }
+        Tune { cols: 4, threads: 128 }
     }
 }
 
@@ -402,10 +399,7 @@ mod tests {
         assert_eq!(Tune::parse(""), Some(Tune::default()));
         assert_eq!(
             Tune::parse("cols=2, threads=64"),
-            Some(Tune {
-                cols: 2,
-                threads: 64
-            })
+            Some(Tune { cols: 2, threads: 64 })
         );
         assert_eq!(Tune::parse("threads=256").map(|t| t.cols), Some(4));
         for bad in [

@@ -303,10 +303,7 @@ impl Backend for CudaBackend {
         out: &mut Self::Buffer,
         shape: Mat,
     ) {
-        let Mat {
-            rows: tokens,
-            cols: dim,
-        } = shape;
+        let Mat { rows: tokens, cols: dim } = shape;
         launch::rms_norm(ctx, per_row(tokens, 256), x, w, out, eps, i(dim));
     }
 
@@ -319,10 +316,7 @@ impl Backend for CudaBackend {
         out: &mut Self::Buffer,
         shape: Mat,
     ) {
-        let Mat {
-            rows: tokens,
-            cols: dim,
-        } = shape;
+        let Mat { rows: tokens, cols: dim } = shape;
         launch::fused_add_rms_norm(ctx, per_row(tokens, 256), residual, x, w, out, eps, i(dim));
     }
 
@@ -335,11 +329,7 @@ impl Backend for CudaBackend {
         span: Span,
         cfg: &AttnConfig,
     ) {
-        let Span {
-            q_len,
-            kv_len,
-            pos_offset,
-        } = span;
+        let Span { q_len, kv_len, pos_offset } = span;
         let [k, v] = kv;
         attention::attend_contiguous(ctx, q, k, v, out, batch, q_len, kv_len, pos_offset, cfg);
     }
@@ -360,11 +350,7 @@ impl Backend for CudaBackend {
         span: Span,
         cfg: &AttnConfig,
     ) {
-        let Span {
-            q_len,
-            kv_len,
-            pos_offset,
-        } = span;
+        let Span { q_len, kv_len, pos_offset } = span;
         let [k_pool, v_pool] = pools;
         let seg = AttnSegment {
             pages: *pages,
@@ -524,10 +510,7 @@ impl Backend for CudaBackend {
         out: &mut Self::Buffer,
         shape: Mat,
     ) {
-        let Mat {
-            rows: tokens,
-            cols: im,
-        } = shape;
+        let Mat { rows: tokens, cols: im } = shape;
         launch::silu_mul(ctx, linear(tokens * im), gate_up, out, i(tokens), i(im));
     }
 
@@ -537,10 +520,7 @@ impl Backend for CudaBackend {
         out: &mut Self::Buffer,
         shape: Mat,
     ) {
-        let Mat {
-            rows: tokens,
-            cols: im,
-        } = shape;
+        let Mat { rows: tokens, cols: im } = shape;
         launch::gelu_tanh_mul(ctx, linear(tokens * im), gate_up, out, i(tokens), i(im));
     }
 
@@ -555,11 +535,7 @@ impl Backend for CudaBackend {
         eps: f32,
         mode: QkMode,
     ) {
-        let Heads {
-            tokens,
-            heads,
-            head_dim,
-        } = shape;
+        let Heads { tokens, heads, head_dim } = shape;
         let [cos, sin] = rope;
         let threads = (head_dim / 2).div_ceil(32).clamp(1, 32) as u32 * 32;
         launch::qk_norm_rope(
@@ -585,11 +561,7 @@ impl Backend for CudaBackend {
         dst: &mut Self::Buffer,
         shape: Heads,
     ) {
-        let Heads {
-            tokens,
-            heads,
-            head_dim: dim,
-        } = shape;
+        let Heads { tokens, heads, head_dim: dim } = shape;
         launch::head_to_token(
             ctx,
             linear(tokens * heads * dim),
@@ -674,10 +646,7 @@ impl Backend for CudaBackend {
         out: &mut Self::Buffer,
         shape: Mat,
     ) {
-        let Mat {
-            rows: tokens,
-            cols: dim,
-        } = shape;
+        let Mat { rows: tokens, cols: dim } = shape;
         launch::layer_norm(ctx, per_row(tokens, 256), x, gamma, beta, out, eps, i(dim));
     }
 

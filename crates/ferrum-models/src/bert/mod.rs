@@ -49,11 +49,7 @@ impl<B: Backend> BertModel<B> {
         let cfg = BertConfig::from_hf(&hf)?;
         let st = SafeTensors::open_dir(dir)?;
         let w = Weights::load(&st, &cfg).map_err(|e| FerrumError::bad_file(dir, e.to_string()))?;
-        Ok(Self {
-            cfg,
-            w,
-            empty: B::alloc(1),
-        })
+        Ok(Self { cfg, w, empty: B::alloc(1) })
     }
 
     pub fn config(&self) -> &BertConfig {
@@ -169,11 +165,7 @@ impl<B: Backend> BertModel<B> {
                     e,
                     [e, e],
                     &mut hq,
-                    Heads {
-                        tokens: n,
-                        heads: nh,
-                        head_dim: hd,
-                    },
+                    Heads { tokens: n, heads: nh, head_dim: hd },
                     0,
                     0.0,
                     t,
@@ -184,11 +176,7 @@ impl<B: Backend> BertModel<B> {
                     e,
                     [e, e],
                     &mut hk,
-                    Heads {
-                        tokens: n,
-                        heads: nh,
-                        head_dim: hd,
-                    },
+                    Heads { tokens: n, heads: nh, head_dim: hd },
                     0,
                     0.0,
                     t,
@@ -199,11 +187,7 @@ impl<B: Backend> BertModel<B> {
                     e,
                     [e, e],
                     &mut hv,
-                    Heads {
-                        tokens: n,
-                        heads: nh,
-                        head_dim: hd,
-                    },
+                    Heads { tokens: n, heads: nh, head_dim: hd },
                     0,
                     0.0,
                     t,
@@ -214,22 +198,14 @@ impl<B: Backend> BertModel<B> {
                     [&hk, &hv],
                     &mut ho,
                     1,
-                    Span {
-                        q_len: n,
-                        kv_len: n,
-                        pos_offset: 0,
-                    },
+                    Span { q_len: n, kv_len: n, pos_offset: 0 },
                     &acfg,
                 );
                 B::transpose_head_to_token(
                     ctx,
                     &ho,
                     &mut sq,
-                    Heads {
-                        tokens: n,
-                        heads: nh,
-                        head_dim: hd,
-                    },
+                    Heads { tokens: n, heads: nh, head_dim: hd },
                 );
                 B::copy_slice(ctx, &sq, 0, &mut attn, r0 * h, n * h);
                 r0 += n;

@@ -147,23 +147,14 @@ impl Arch {
 
     pub fn traits(self) -> Traits {
         match self {
-            Arch::Llama => Traits {
-                gguf_permuted_qk: true,
-                ..LLAMA
-            },
+            Arch::Llama => Traits { gguf_permuted_qk: true, ..LLAMA },
             Arch::Mistral => Traits {
                 hf_window: true,
                 gguf_windows: GgufWindows::All,
                 ..LLAMA
             },
-            Arch::Qwen2 => Traits {
-                qkv_bias: true,
-                ..LLAMA
-            },
-            Arch::Qwen3 => Traits {
-                qk_norm: true,
-                ..LLAMA
-            },
+            Arch::Qwen2 => Traits { qkv_bias: true, ..LLAMA },
+            Arch::Qwen3 => Traits { qk_norm: true, ..LLAMA },
             Arch::Phi3 => Traits {
                 hf_window: true,
                 gguf_windows: GgufWindows::All,
@@ -195,10 +186,7 @@ impl Arch {
                 ..LLAMA
             },
             Arch::DeepseekV2 => DEEPSEEK,
-            Arch::DeepseekV3 => Traits {
-                sigmoid_router: true,
-                ..DEEPSEEK
-            },
+            Arch::DeepseekV3 => Traits { sigmoid_router: true, ..DEEPSEEK },
             Arch::Gemma3 => Traits {
                 hf_window: true,
                 gguf_windows: GgufWindows::AllButEvery(6),

@@ -479,10 +479,7 @@ mod tests {
         .unwrap();
         let cfg = LlamaConfig::from_hf(&c).unwrap();
         let RopeScaling::LongRope {
-            long,
-            original_max_position,
-            attn_factor,
-            ..
+            long, original_max_position, attn_factor, ..
         } = &cfg.rope.scaling
         else {
             panic!("{:?}", cfg.rope.scaling);

@@ -116,11 +116,7 @@ fn rope_text(r: &RopeSpec) -> String {
         RopeScaling::None => "plain".to_string(),
         RopeScaling::Linear { factor } => format!("linear x{factor}"),
         RopeScaling::Factors(_) => "per-pair factors (rope_freqs)".to_string(),
-        RopeScaling::LongRope {
-            original_max_position,
-            attn_factor,
-            ..
-        } => format!(
+        RopeScaling::LongRope { original_max_position, attn_factor, .. } => format!(
             "LongRoPE (original {original_max_position}: long factors for caches past it; \
              cos/sin x{attn_factor:.4})"
         ),

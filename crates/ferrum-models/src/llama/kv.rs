@@ -174,11 +174,7 @@ impl<B: Backend> KvStore<B> {
                 &pages,
                 0,
                 [&kb, &vb],
-                Heads {
-                    tokens: len,
-                    heads: nkv,
-                    head_dim: hd,
-                },
+                Heads { tokens: len, heads: nkv, head_dim: hd },
             );
         }
         B::sync(ctx);

@@ -28,10 +28,7 @@ impl<B: Backend> Linear<B> {
             Raw::F32(v) => Linear::Dense(B::from_slice(&v)),
             Raw::Blocks { bytes, ty } => Linear::Quant {
                 w: B::load_gguf(&bytes, ty, n, k)?,
-                kind: QuantKind::Gguf {
-                    quant_type: ty,
-                    int8_activations: false,
-                },
+                kind: QuantKind::Gguf { quant_type: ty, int8_activations: false },
                 order: None,
             },
             Raw::Reordered { order, inner } => match Self::upload(*inner, n, k)? {
@@ -53,8 +50,7 @@ impl<B: Backend> Linear<B> {
     pub(super) fn gguf_type(&self) -> Option<GgufQuantType> {
         match self {
             Linear::Quant {
-                kind: QuantKind::Gguf { quant_type, .. },
-                ..
+                kind: QuantKind::Gguf { quant_type, .. }, ..
             } => Some(*quant_type),
             _ => None,
         }
@@ -63,9 +59,7 @@ impl<B: Backend> Linear<B> {
     /// Sets `QuantKind::Gguf::int8_activations` (a dense weight has none).
     pub(super) fn set_int8_input(&mut self, on: bool) {
         if let Linear::Quant {
-            kind: QuantKind::Gguf {
-                int8_activations, ..
-            },
+            kind: QuantKind::Gguf { int8_activations, .. },
             ..
         } = self
         {
@@ -124,10 +118,7 @@ pub(super) fn fuse(parts: Vec<(Raw, usize)>) -> std::result::Result<Raw, Vec<(Ra
             })
             .collect();
         return match fuse(inner) {
-            Ok(inner) => Ok(Raw::Reordered {
-                order,
-                inner: Box::new(inner),
-            }),
+            Ok(inner) => Ok(Raw::Reordered { order, inner: Box::new(inner) }),
             Err(inner) => Err(inner
                 .into_iter()
                 .map(|(inner, rows)| {
@@ -155,10 +146,7 @@ pub(super) fn fuse(parts: Vec<(Raw, usize)>) -> std::result::Result<Raw, Vec<(Ra
                 bytes.extend_from_slice(&b);
             }
         }
-        return Ok(Raw::Blocks {
-            bytes: bytes.into(),
-            ty,
-        });
+        return Ok(Raw::Blocks { bytes: bytes.into(), ty });
     }
     if parts.iter().all(|(r, _)| matches!(r, Raw::F32(_))) {
         let mut all = Vec::new();
@@ -213,12 +201,7 @@ impl<B: Backend> Embedding<B> {
     ) -> Result<()> {
         match self {
             Embedding::Dense(t) => B::embedding_lookup(ctx, t, ids, out, dim),
-            Embedding::Blocks {
-                bytes,
-                ty,
-                row_bytes,
-                scale,
-            } => {
+            Embedding::Blocks { bytes, ty, row_bytes, scale } => {
                 host.resize(ids.len() * dim, 0.0);
                 for (r, &id) in host.chunks_exact_mut(dim).zip(ids) {
                     let start = id as usize * row_bytes;
@@ -274,15 +257,7 @@ impl<B: Backend> Qkv<B> {
             Qkv::Fused { w, bias } => {
                 w.forward(ctx, x, fused, m, qd + 2 * kvd, hidden)?;
                 if let Some(b) = bias {
-                    B::add_bias(
-                        ctx,
-                        fused,
-                        b,
-                        Mat {
-                            rows: m,
-                            cols: qd + 2 * kvd,
-                        },
-                    );
+                    B::add_bias(ctx, fused, b, Mat { rows: m, cols: qd + 2 * kvd });
                 }
                 B::split_qkv(ctx, fused, [q, k, v], m, qd, kvd);
             }

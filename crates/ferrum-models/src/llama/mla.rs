@@ -187,11 +187,7 @@ impl<B: Backend> MlaWeights<B> {
             &seg.pages,
             p,
             [&s.k, &s.v],
-            Heads {
-                tokens: n,
-                heads: 1,
-                head_dim: dkv,
-            },
+            Heads { tokens: n, heads: 1, head_dim: dkv },
         );
         let cfg = AttnConfig {
             num_heads: heads,
@@ -207,11 +203,7 @@ impl<B: Backend> MlaWeights<B> {
             [k_pool, v_pool],
             &seg.pages,
             &mut s.o_lat,
-            Span {
-                q_len: n,
-                kv_len: p + n,
-                pos_offset: p,
-            },
+            Span { q_len: n, kv_len: p + n, pos_offset: p },
             &cfg,
         );
         // Latent outputs to each head's values, then token-major.
@@ -222,11 +214,7 @@ impl<B: Backend> MlaWeights<B> {
                 &s.head_in,
                 &self.to_v[h],
                 &mut s.head_out,
-                Gemm {
-                    m: n,
-                    n: m.v,
-                    k: dkv,
-                },
+                Gemm { m: n, n: m.v, k: dkv },
             );
             B::copy_slice(ctx, &s.head_out, 0, &mut s.o_heads, h * n * m.v, n * m.v);
         }
@@ -234,11 +222,7 @@ impl<B: Backend> MlaWeights<B> {
             ctx,
             &s.o_heads,
             &mut s.o_tok,
-            Heads {
-                tokens: n,
-                heads,
-                head_dim: m.v,
-            },
+            Heads { tokens: n, heads, head_dim: m.v },
         );
         let width = heads * m.v;
         B::copy_slice(ctx, &s.o_tok, 0, attn, seg.r0 * width, n * width);
@@ -268,10 +252,7 @@ impl<B: Backend> MlaWeights<B> {
                     norm,
                     eps,
                     &mut s.qan,
-                    Mat {
-                        rows: n,
-                        cols: rank,
-                    },
+                    Mat { rows: n, cols: rank },
                 );
                 b.forward(ctx, &s.qan, &mut s.qb, n, heads * qk, rank)?;
             }
@@ -284,11 +265,7 @@ impl<B: Backend> MlaWeights<B> {
             &s.empty,
             [qc, qs],
             &mut s.qh,
-            Heads {
-                tokens: n,
-                heads,
-                head_dim: qk,
-            },
+            Heads { tokens: n, heads, head_dim: qk },
             p,
             eps,
             mode,
@@ -300,11 +277,7 @@ impl<B: Backend> MlaWeights<B> {
                 &s.head_in,
                 &self.absorb_q[h],
                 &mut s.head_out,
-                Gemm {
-                    m: n,
-                    n: dkv,
-                    k: qk,
-                },
+                Gemm { m: n, n: dkv, k: qk },
             );
             B::copy_slice(ctx, &s.head_out, 0, &mut s.q_lat, h * n * dkv, n * dkv);
         }
@@ -330,10 +303,7 @@ impl<B: Backend> MlaWeights<B> {
             &self.kv_a_norm,
             eps,
             &mut s.cn,
-            Mat {
-                rows: n,
-                cols: rank,
-            },
+            Mat { rows: n, cols: rank },
         );
         self.k_rope
             .forward(ctx, &s.xs, &mut s.kr, n, m.rope, hidden)?;
@@ -344,11 +314,7 @@ impl<B: Backend> MlaWeights<B> {
             &s.empty,
             [kc, ks],
             &mut s.krh,
-            Heads {
-                tokens: n,
-                heads: 1,
-                head_dim: m.rope,
-            },
+            Heads { tokens: n, heads: 1, head_dim: m.rope },
             p,
             eps,
             mode,
@@ -358,22 +324,14 @@ impl<B: Backend> MlaWeights<B> {
             &s.cn,
             &self.place_latent,
             &mut s.v,
-            Gemm {
-                m: n,
-                n: dkv,
-                k: rank,
-            },
+            Gemm { m: n, n: dkv, k: rank },
         );
         B::gemm(
             ctx,
             &s.krh,
             &self.place_rope,
             &mut s.tmp,
-            Gemm {
-                m: n,
-                n: dkv,
-                k: m.rope,
-            },
+            Gemm { m: n, n: dkv, k: m.rope },
         );
         B::copy_slice(ctx, &s.v, 0, &mut s.k, 0, n * dkv);
         B::add_inplace(ctx, &mut s.k, &s.tmp, n * dkv);

@@ -600,10 +600,7 @@ impl<B: Backend> LlamaModel<B> {
         else {
             return Err(missing());
         };
-        let rope = MlaRope {
-            q: (qc, qs),
-            k: (kc, ks),
-        };
+        let rope = MlaRope { q: (qc, qs), k: (kc, ks) };
         let dims = (c.heads, c.hidden, c.rms_eps, c.attn_scale);
         let s = &mut self.scratch;
         let mut r0 = 0;
@@ -763,11 +760,7 @@ impl<B: Backend> LlamaModel<B> {
                 &s.sel,
                 table,
                 &mut s.head_out,
-                Gemm {
-                    m: rows,
-                    n: vocab,
-                    k: h,
-                },
+                Gemm { m: rows, n: vocab, k: h },
             ),
             (None, Embedding::Blocks { .. }) => {
                 return Err(FerrumError::invalid("tied head needs a dense table"))

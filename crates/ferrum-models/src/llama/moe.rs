@@ -365,11 +365,7 @@ impl<B: Backend> MoeWeights<B> {
             r.spans
                 .iter()
                 .filter_map(|&(e, start, rows)| match pick(&self.experts[e]) {
-                    Linear::Quant { w, .. } => Some(ExpertRows {
-                        weights: w,
-                        start,
-                        rows,
-                    }),
+                    Linear::Quant { w, .. } => Some(ExpertRows { weights: w, start, rows }),
                     Linear::Dense(_) => None,
                 })
                 .collect()
@@ -384,23 +380,14 @@ impl<B: Backend> MoeWeights<B> {
             gate_up_type,
         )?;
         match act {
-            Activation::Silu => B::fused_silu_mul_split(
-                ctx,
-                &s.gate_up,
-                &mut s.act,
-                Mat {
-                    rows: slots,
-                    cols: im,
-                },
-            ),
+            Activation::Silu => {
+                B::fused_silu_mul_split(ctx, &s.gate_up, &mut s.act, Mat { rows: slots, cols: im })
+            }
             Activation::GeluTanh => B::fused_gelu_tanh_mul_split(
                 ctx,
                 &s.gate_up,
                 &mut s.act,
-                Mat {
-                    rows: slots,
-                    cols: im,
-                },
+                Mat { rows: slots, cols: im },
             ),
         }
         B::gemm_quant_experts(
@@ -433,15 +420,7 @@ impl<B: Backend> Expert<B> {
     ) -> Result<()> {
         self.gate_up.forward(ctx, x, gate_up, n, 2 * im, hidden)?;
         if let Some([b, _]) = &self.bias {
-            B::add_bias(
-                ctx,
-                gate_up,
-                b,
-                Mat {
-                    rows: n,
-                    cols: 2 * im,
-                },
-            );
+            B::add_bias(ctx, gate_up, b, Mat { rows: n, cols: 2 * im });
         }
         match act {
             Activation::Silu => B::fused_silu_mul_split(ctx, gate_up, a, Mat { rows: n, cols: im }),
@@ -451,15 +430,7 @@ impl<B: Backend> Expert<B> {
         }
         self.down.forward(ctx, a, out, n, hidden, im)?;
         if let Some([_, b]) = &self.bias {
-            B::add_bias(
-                ctx,
-                out,
-                b,
-                Mat {
-                    rows: n,
-                    cols: hidden,
-                },
-            );
+            B::add_bias(ctx, out, b, Mat { rows: n, cols: hidden });
         }
         Ok(())
     }
@@ -717,10 +688,7 @@ mod tests {
         // Not renormalised: the sigmoids themselves.
         r.route(
             &logits,
-            &MoeConfig {
-                norm_top_k: false,
-                ..m.clone()
-            },
+            &MoeConfig { norm_top_k: false, ..m.clone() },
             Some(&bias),
         );
         assert!((r.weights[3][0] - 2.5 * b).abs() < 1e-6);
@@ -745,14 +713,7 @@ mod tests {
             vec![vec![], vec![], vec![0], vec![0], vec![], vec![]]
         );
         // The softmax rule on the same logits keeps group 0.
-        r.route(
-            &logits,
-            &MoeConfig {
-                scoring: Scoring::Softmax,
-                ..m
-            },
-            None,
-        );
+        r.route(&logits, &MoeConfig { scoring: Scoring::Softmax, ..m }, None);
         assert_eq!(r.rows[0], vec![0]);
         assert!(r.rows[2].is_empty() && r.rows[3].is_empty());
     }

@@ -135,10 +135,7 @@ impl Bytes {
 impl From<Vec<u8>> for Bytes {
     fn from(v: Vec<u8>) -> Self {
         let range = 0..v.len();
-        Self {
-            owner: Arc::new(v),
-            range,
-        }
+        Self { owner: Arc::new(v), range }
     }
 }
 
@@ -279,10 +276,7 @@ pub(super) fn read(src: &Source, name: &str, dims: &[usize]) -> Result<Option<Ra
             }
             let data = g.tensor_data(t);
             if let Some(qt) = GgufQuantType::from_ggml(t.ty).filter(|_| t.dims.len() == 2) {
-                return Ok(Some(Raw::Blocks {
-                    bytes: Bytes::mapped(g, t),
-                    ty: qt,
-                }));
+                return Ok(Some(Raw::Blocks { bytes: Bytes::mapped(g, t), ty: qt }));
             }
             let mut out = vec![0f32; numel];
             dequantize(t.ty, data, &mut out).map_err(|e| g.error(format!("tensor {name}: {e}")))?;
@@ -315,10 +309,7 @@ pub(super) fn from_hf_quant(w: HfLinear) -> Result<Raw> {
         HfLinear::Ints(g) => Ok(match convert(&g)? {
             Converted::F32(v) => Raw::F32(v),
             Converted::Blocks { bytes, ty, order } => {
-                let blocks = Raw::Blocks {
-                    bytes: bytes.into(),
-                    ty,
-                };
+                let blocks = Raw::Blocks { bytes: bytes.into(), ty };
                 match order {
                     Some(order) => Raw::Reordered {
                         order: order.into(),

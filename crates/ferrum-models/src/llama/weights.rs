@@ -133,12 +133,7 @@ impl<B: Backend> Weights<B> {
         let (embed, lm_head) = loader.embedding_and_head()?;
         let final_norm = loader.norm::<B>(loader.names.final_norm, cfg.hidden)?;
         progress(cfg.layers + 1, cfg.layers + 1);
-        Ok(Self {
-            embed,
-            layers,
-            final_norm,
-            lm_head,
-        })
+        Ok(Self { embed, layers, final_norm, lm_head })
     }
 }
 
@@ -368,23 +363,11 @@ impl<'a> Loader<'a> {
                 let row_bytes = bytes.len() / cfg.vocab;
                 let lm_head = match head {
                     Some(raw) => Linear::upload(raw, cfg.vocab, h)?,
-                    None => Linear::upload(
-                        Raw::Blocks {
-                            bytes: bytes.clone(),
-                            ty,
-                        },
-                        cfg.vocab,
-                        h,
-                    )?,
+                    None => Linear::upload(Raw::Blocks { bytes: bytes.clone(), ty }, cfg.vocab, h)?,
                 };
                 let scale = cfg.embed_scale;
                 (
-                    Embedding::Blocks {
-                        bytes,
-                        ty,
-                        row_bytes,
-                        scale,
-                    },
+                    Embedding::Blocks { bytes, ty, row_bytes, scale },
                     Some(lm_head),
                 )
             }
@@ -497,10 +480,7 @@ impl RandomLinears {
         self.salt = self.salt.wrapping_add(1);
         let blocks = random_blocks(g, rows * k / g.block_size(), self.salt)
             .ok_or_else(|| FerrumError::unsupported(format!("random weights in {g:?}")))?;
-        let raw = Raw::Blocks {
-            bytes: blocks.into(),
-            ty: self.ty,
-        };
+        let raw = Raw::Blocks { bytes: blocks.into(), ty: self.ty };
         if !self.act_order || rows == self.vocab {
             return Linear::upload(raw, rows, k);
         }
@@ -513,14 +493,7 @@ impl RandomLinears {
             order.swap(i, (x >> 33) as usize % (i + 1));
         }
         let inner = Box::new(raw);
-        Linear::upload(
-            Raw::Reordered {
-                order: order.into(),
-                inner,
-            },
-            rows,
-            k,
-        )
+        Linear::upload(Raw::Reordered { order: order.into(), inner }, rows, k)
     }
 }
 
