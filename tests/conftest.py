@@ -117,3 +117,11 @@ def qwen_server():
     s = Server("--model", "qwen2.5-coder:0.5b")
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def qwen_lenient_server():
+    """The same model with `--tool-call-parser lenient` (fenced calls taken)."""
+    s = Server("--model", "qwen2.5-coder:0.5b", "--tool-call-parser", "lenient")
+    yield s
+    s.stop()

@@ -243,3 +243,38 @@ def test_completion_prompts_read_special_tokens(qwen_server):
     req = urllib.request.Request(qwen_server.url + "/tokenize", data=json.dumps({"prompt": prompt}).encode(),
                                  headers={"Content-Type": "application/json"})
     assert json.load(urllib.request.urlopen(req))["count"] == 9
+
+
+TIME_ZONE = {"type": "function", "function": {
+    "name": "get_time", "description": "Current local time in an IANA time zone",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_lenient_parser_takes_fenced_calls(qwen_server, qwen_lenient_server, stream):
+    """With `auto`, Qwen2.5-Coder 0.5B writes this call as a ```json block, not `<tool_call>`
+    (3 of 20 tool prompts end in a call; 20 of 20 with --tool-call-parser lenient)."""
+    ask = [{"role": "user", "content": "What time is it in Australia/Sydney?"}]
+
+    def ask_server(server):
+        kw = dict(model=MODEL, messages=ask, tools=[TIME_ZONE, WEATHER], temperature=0, max_tokens=120)
+        if not stream:
+            ch = client(server).chat.completions.create(**kw).choices[0]
+            calls = [(t.function.name, t.function.arguments) for t in ch.message.tool_calls or []]
+            return ch.finish_reason, calls, ch.message.content
+        finish, calls, content = None, {}, ""
+        for chunk in client(server).chat.completions.create(stream=True, **kw):
+            ch = chunk.choices[0]
+            content += ch.delta.content or ""
+            for d in ch.delta.tool_calls or []:
+                e = calls.setdefault(d.index, ["", ""])
+                e[0] += d.function.name or ""
+                e[1] += d.function.arguments or ""
+            finish = ch.finish_reason or finish
+        return finish, [tuple(v) for v in calls.values()], content or None
+
+    finish, calls, content = ask_server(qwen_server)
+    assert finish == "stop" and not calls and "```" in content
+    finish, calls, _ = ask_server(qwen_lenient_server)
+    assert finish == "tool_calls" and [c[0] for c in calls] == ["get_time"]
+    assert json.loads(calls[0][1])["zone"] == "Australia/Sydney"

@@ -334,6 +334,7 @@ fn prepare_chat(s: &Shared, b: Result<Bytes, BytesRejection>) -> Result<ChatPrep
         req.tool_choice.as_ref(),
         req.parallel_tool_calls,
         tok.chat_template(),
+        s.cfg.lenient_tool_calls,
     )?;
     let constraint = structured::constraint(grammars, spec, tools.as_ref())?;
     // The template sees the tools unless tool_choice is "none".
@@ -359,7 +360,7 @@ pub async fn chat(
     let model = s.cfg.served_model_name.clone();
     if p.stream {
         let mut parsers: Vec<Option<ToolParser>> = (0..p.n)
-            .map(|_| tools.as_ref().map(|t| ToolParser::new(t.format)))
+            .map(|_| tools.as_ref().map(ToolSetup::parser))
             .collect();
         return Ok(stream(&s, vec![rx], p, move |kind| {
             let base = |choices: Value| {
@@ -485,7 +486,7 @@ fn chat_message(
             finish,
         );
     };
-    let mut parser = ToolParser::new(t.format);
+    let mut parser = t.parser();
     let mut pieces = parser.push(text);
     pieces.extend(parser.finish());
     let mut content = String::new();

@@ -82,6 +82,9 @@ pub struct ServeConfig {
     pub engine: EngineConfig,
     /// Serve the browser chat page at `/`.
     pub webui: bool,
+    /// Also take tool calls written as fenced JSON blocks (see
+    /// `ToolParser::lenient`).
+    pub lenient_tool_calls: bool,
 }
 
 /// A model ready to serve.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use ferrum_structured::tools::{
     parse_tool_choice, parse_tools, tool_constraint, ParsedCall, Tool, ToolChoice, ToolFormat,
+    ToolParser,
 };
 use ferrum_structured::{Constraint, GrammarSpec, Grammars};
 use serde_json::{json, Value};
@@ -92,6 +93,20 @@ pub struct ToolSetup {
     pub choice: ToolChoice,
     pub parallel: bool,
     pub format: ToolFormat,
+    /// Fenced calls are taken too (`--tool-call-parser lenient`).
+    pub lenient: bool,
+}
+
+impl ToolSetup {
+    /// The parser for one choice's output.
+    pub fn parser(&self) -> ToolParser {
+        let parser = ToolParser::new(self.format);
+        if self.lenient {
+            parser.lenient(self.tools.iter().map(|t| t.name.clone()).collect())
+        } else {
+            parser
+        }
+    }
 }
 
 /// Checks `tools`, `tool_choice` and `parallel_tool_calls` against the
@@ -102,6 +117,7 @@ pub fn tool_setup(
     choice: Option<&Value>,
     parallel: Option<bool>,
     template: Option<&str>,
+    lenient: bool,
 ) -> Result<Option<ToolSetup>, ApiError> {
     let tools = match tools {
         None | Some(Value::Null) => Vec::new(),
@@ -123,6 +139,7 @@ pub fn tool_setup(
         choice,
         parallel: parallel.unwrap_or(true),
         format,
+        lenient,
     }))
 }
 
@@ -263,18 +280,22 @@ mod tests {
     fn tools_need_a_template_format() {
         let tools = json!([{"type": "function", "function": {"name": "f"}}]);
         let hermes = Some("{{ '<tool_call>' }}");
-        assert!(tool_setup(None, None, None, hermes).unwrap().is_none());
-        assert!(tool_setup(Some(&tools), Some(&json!("none")), None, hermes)
+        assert!(tool_setup(None, None, None, hermes, false)
             .unwrap()
             .is_none());
-        let t = tool_setup(Some(&tools), None, None, hermes)
+        assert!(
+            tool_setup(Some(&tools), Some(&json!("none")), None, hermes, false)
+                .unwrap()
+                .is_none()
+        );
+        let t = tool_setup(Some(&tools), None, None, hermes, false)
             .unwrap()
             .unwrap();
         assert_eq!(
             (t.choice, t.parallel, t.format),
             (ToolChoice::Auto, true, ToolFormat::Hermes)
         );
-        let e = tool_setup(Some(&tools), None, None, Some("{{ messages }}"))
+        let e = tool_setup(Some(&tools), None, None, Some("{{ messages }}"), false)
             .err()
             .unwrap();
         assert_eq!(e.param.as_deref(), Some("tools"));
@@ -283,6 +304,7 @@ mod tests {
             Some(&json!({"type": "function", "function": {"name": "g"}})),
             None,
             hermes,
+            false,
         )
         .err()
         .unwrap();

@@ -318,8 +318,14 @@ pub struct ToolParser {
     in_calls: bool,
     /// Nothing but whitespace has come out yet (Llama 3 decides here).
     at_start: bool,
+    /// With [`ToolParser::lenient`]: the declared functions, whose calls
+    /// are also recognised in fenced JSON blocks.
+    fenced_names: Option<Vec<String>>,
     pub calls: usize,
 }
+
+/// A Markdown code fence.
+const FENCE: &str = "```";
 
 impl ToolParser {
     pub fn new(format: ToolFormat) -> Self {
@@ -328,8 +334,23 @@ impl ToolParser {
             held: String::new(),
             in_calls: false,
             at_start: true,
+            fenced_names: None,
             calls: 0,
         }
+    }
+
+    /// Also takes a call written as a fenced JSON block (```` ```json
+    /// {"name": .., "arguments": {..}} ``` ````) when its name is one of
+    /// `names`: small models (Qwen2.5-Coder 0.5B/1.5B) often write that
+    /// instead of their template's marker. Other fenced blocks stay
+    /// content, but come out only once closed, so it is off by default
+    /// (vLLM's and llama-server's parsers do not take them either).
+    /// Formats with a marker only: a Llama 3 call is bare JSON already.
+    pub fn lenient(mut self, names: Vec<String>) -> Self {
+        if self.format != ToolFormat::Llama3Json {
+            self.fenced_names = Some(names);
+        }
+        self
     }
 
     /// Adds streamed text; returns what can be released now.
@@ -353,7 +374,11 @@ impl ToolParser {
         let mut out = Vec::new();
         let rest = std::mem::take(&mut self.held);
         if !self.in_calls {
-            if !rest.is_empty() {
+            // A fenced call the length limit cut before its closing fence.
+            let cut = rest.strip_prefix(FENCE).and_then(|b| self.fenced_call(b));
+            if let Some(call) = cut {
+                self.emit_call(call, &mut out);
+            } else if !rest.is_empty() {
                 out.push(Piece::Content(rest));
             }
             return out;
@@ -438,6 +463,11 @@ impl ToolParser {
                 return;
             }
         };
+        while let Some(fence) = self.fence_before(marker) {
+            if !self.take_fenced(fence, out) {
+                return;
+            }
+        }
         if let Some(at) = self.held.find(marker) {
             let before = self.held[..at].trim_end().to_string();
             if !before.is_empty() {
@@ -447,9 +477,18 @@ impl ToolParser {
             self.in_calls = true;
             return;
         }
-        let keep = (1..marker.len())
+        let fence = if self.fenced_names.is_some() {
+            FENCE
+        } else {
+            ""
+        };
+        let keep = (1..marker.len().max(fence.len()))
             .rev()
-            .find(|&k| self.held.ends_with(&marker[..k]))
+            .find(|&k| {
+                [marker, fence]
+                    .iter()
+                    .any(|m| k < m.len() && self.held.ends_with(&m[..k]))
+            })
             .unwrap_or(0);
         // Whitespace before a marker is not content either: hold it too.
         let split = self.held[..self.held.len() - keep].trim_end().len();
@@ -457,6 +496,46 @@ impl ToolParser {
             out.push(Piece::Content(self.held[..split].to_string()));
             self.held.drain(..split);
         }
+    }
+
+    /// Where a fence opens in the held text ahead of any call marker, when
+    /// fenced calls are taken.
+    fn fence_before(&self, marker: &str) -> Option<usize> {
+        self.fenced_names.as_ref()?;
+        let fence = self.held.find(FENCE)?;
+        match self.held.find(marker) {
+            Some(m) if m < fence => None,
+            _ => Some(fence),
+        }
+    }
+
+    /// Releases the content before the fence at `at` and, once the block is
+    /// closed, the block itself: as a call if it is one to a declared
+    /// function, else as content. `false` while the block is still open.
+    fn take_fenced(&mut self, at: usize, out: &mut Vec<Piece>) -> bool {
+        if at > 0 {
+            out.push(Piece::Content(self.held[..at].to_string()));
+            self.held.drain(..at);
+        }
+        let Some(close) = self.held[FENCE.len()..].find(FENCE) else {
+            return false;
+        };
+        let end = FENCE.len() + close + FENCE.len();
+        let block: String = self.held.drain(..end).collect();
+        match self.fenced_call(&block[FENCE.len()..close + FENCE.len()]) {
+            Some(call) => self.emit_call(call, out),
+            None => out.push(Piece::Content(block)),
+        }
+        true
+    }
+
+    /// The call in a fenced block's body (after an optional language tag
+    /// such as `json`), if it calls a declared function.
+    fn fenced_call(&self, body: &str) -> Option<ParsedCall> {
+        let body = body.trim_start_matches(|c: char| c.is_ascii_alphanumeric());
+        let call = parse_call(body, self.format)?;
+        let names = self.fenced_names.as_ref()?;
+        names.contains(&call.name).then_some(call)
     }
 
     /// Takes one complete `<tool_call>...</tool_call>` block off the front.
@@ -555,6 +634,67 @@ mod tests {
         assert_eq!(
             run(ToolFormat::Hermes, &["<tool_call>oops"]),
             vec![Piece::Content("<tool_call>oops".into())]
+        );
+    }
+
+    fn run_lenient(pieces: &[&str]) -> Vec<Piece> {
+        let mut p = ToolParser::new(ToolFormat::Hermes).lenient(vec!["get_weather".into()]);
+        let mut out: Vec<Piece> = pieces.iter().flat_map(|x| p.push(x)).collect();
+        out.extend(p.finish());
+        let mut merged: Vec<Piece> = Vec::new();
+        for x in out {
+            match (merged.last_mut(), x) {
+                (Some(Piece::Content(a)), Piece::Content(b)) => a.push_str(&b),
+                (_, x) => merged.push(x),
+            }
+        }
+        merged
+    }
+
+    #[test]
+    fn lenient_parsing_takes_fenced_calls_to_declared_functions() {
+        let text = "Sure.\n```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```\nDone.";
+        let want = vec![
+            Piece::Content("Sure.\n".into()),
+            call("get_weather", r#"{"city":"Paris"}"#),
+            Piece::Content("\nDone.".into()),
+        ];
+        for step in [1, 2, 5, text.len()] {
+            let pieces: Vec<String> = text
+                .as_bytes()
+                .chunks(step)
+                .map(|c| String::from_utf8(c.to_vec()).unwrap())
+                .collect();
+            let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+            assert_eq!(run_lenient(&refs), want, "step {step}");
+        }
+        // Code, a call to an undeclared function, and an unclosed block
+        // are content, unchanged.
+        for text in [
+            "```python\nprint(1)\n```",
+            "```json\n{\"name\": \"launch\", \"arguments\": {}}\n```",
+            "a ``` b",
+            "```json\n{\"name\": \"get_weather\", ",
+        ] {
+            assert_eq!(run_lenient(&[text]), vec![Piece::Content(text.into())]);
+        }
+        // Cut by the length limit before its closing fence: still a call.
+        assert_eq!(
+            run_lenient(&["```json\n{\"name\": \"get_weather\", \"arguments\": {}}\n"]),
+            vec![call("get_weather", "{}")]
+        );
+        // The template's own marker still works, and without `lenient` a
+        // fenced call is content.
+        assert_eq!(
+            run_lenient(&[
+                "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"
+            ]),
+            vec![call("get_weather", "{}")]
+        );
+        let fenced = "```json\n{\"name\": \"get_weather\", \"arguments\": {}}\n```";
+        assert_eq!(
+            run(ToolFormat::Hermes, &[fenced]),
+            vec![Piece::Content(fenced.into())]
         );
     }
 

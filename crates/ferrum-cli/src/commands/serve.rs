@@ -84,10 +84,23 @@ pub struct ServeArgs {
     /// Do not serve the browser chat page at `/` (the API stays).
     #[arg(long)]
     no_webui: bool,
+    /// How tool calls are read from the output: `strict`, the chat
+    /// template's own format only; `lenient` also takes a ```json fenced
+    /// call to a declared function, as small models often write one (other
+    /// fenced blocks then stream only once closed).
+    #[arg(long, value_enum, default_value_t = ToolCallParser::Strict)]
+    tool_call_parser: ToolCallParser,
     #[command(flatten)]
     kv: KvArgs,
     #[command(flatten)]
     spec: SpecArgs,
+}
+
+/// `--tool-call-parser`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ToolCallParser {
+    Strict,
+    Lenient,
 }
 
 /// The name a `--model` argument is served as: an alias as given, a path
@@ -130,6 +143,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             threads: None,
         },
         webui: !args.no_webui,
+        lenient_tool_calls: args.tool_call_parser == ToolCallParser::Lenient,
     };
     let pool = args.kv.pool(args.device)?;
     let loader = Box::new(move || -> Result<LoadedModel, String> {
