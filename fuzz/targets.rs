@@ -85,6 +85,7 @@ pub fn chat_template(input: &[u8]) -> bool {
         tools: None,
         bos_token: "<s>",
         eos_token: "</s>",
+        kwargs: None,
     };
     ChatTemplate::new(&String::from_utf8_lossy(input))
         .and_then(|t| t.render(&messages, &opts))

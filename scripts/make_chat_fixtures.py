@@ -80,6 +80,13 @@ for tname, (source, bos, eos) in templates.items():
                 cases.append({"template": tname, "conversation": cname, "tools": use_tools,
                               "add_generation_prompt": agp, "bos_token": bos, "eos_token": eos,
                               "expected": text, "error": err})
+# A request's chat_template_kwargs, passed as apply_chat_template(**kwargs) passes them.
+for kwargs in ({"enable_thinking": False}, {"enable_thinking": True}):
+    source, bos, eos = templates["qwen3"]
+    text = env.from_string(source).render(messages=conversations["single"], add_generation_prompt=True,
+                                          tools=None, bos_token=bos, eos_token=eos, **kwargs)
+    cases.append({"template": "qwen3", "conversation": "single", "tools": False, "add_generation_prompt": True,
+                  "bos_token": bos, "eos_token": eos, "kwargs": kwargs, "expected": text, "error": None})
 dest = os.path.join(os.path.dirname(__file__), "..", "crates", "ferrum-tokenizer", "tests", "fixtures", "chat.json")
 with open(dest, "w") as fh:
     json.dump({"generator": "scripts/make_chat_fixtures.py", "templates": {k: v[0] for k, v in templates.items()},

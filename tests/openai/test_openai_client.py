@@ -158,6 +158,7 @@ MALFORMED = [
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400),
     ("/v1/chat/completions", {"model": "gpt-4", "messages": QUESTION}, 404),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "word " * 5000}]}, 400),
+    ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "chat_template_kwargs": "no"}, 400),
     ("/v1/completions", {"model": MODEL, "prompt": []}, 400),
     ("/v1/completions", {"model": MODEL, "prompt": [10 ** 9]}, 400),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "presence_penalty": 3}, 400),
@@ -194,6 +195,20 @@ def test_oversized_body_is_413(chat_server):
 
 def test_server_still_serves_after_bad_requests(chat_server):
     test_chat_plain(chat_server)
+
+
+def test_chat_template_kwargs_reach_the_template(chat_server):
+    """vLLM's `chat_template_kwargs` are template variables (Qwen3's `enable_thinking`; rendering
+    is checked against jinja2 in ferrum-tokenizer's chat_templates.rs). SmolLM2's template reads
+    none of these, and the variables the server sets win over a kwarg of the same name."""
+    msgs = [{"role": "user", "content": "Hi"}]
+    _, plain = post(chat_server, "/tokenize", {"model": MODEL, "messages": msgs})
+    code, r = post(chat_server, "/tokenize", {"model": MODEL, "messages": msgs, "chat_template_kwargs": {
+        "enable_thinking": False, "add_generation_prompt": False, "messages": []}})
+    assert code == 200 and r["tokens"] == plain["tokens"]
+    code, _ = post(chat_server, "/v1/chat/completions", {"model": MODEL, "messages": msgs, "max_tokens": 2,
+                                                         "chat_template_kwargs": {"enable_thinking": False}})
+    assert code == 200
 
 
 def test_tokenize_roundtrip(chat_server):

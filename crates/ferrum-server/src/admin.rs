@@ -128,7 +128,13 @@ fn tokenize_now(
         // token, so the count is the one a completion would see.
         (Some(p), None, _) => tok.encode(p, req.add_special_tokens, true),
         (None, Some(m), Ready::Llm { template, .. }) => {
-            let text = render_chat(template.as_ref(), tok, m, None)?;
+            let text = render_chat(
+                template.as_ref(),
+                tok,
+                m,
+                None,
+                req.chat_template_kwargs.as_ref(),
+            )?;
             tok.encode(&text, false, true)
         }
         _ => {

@@ -38,6 +38,7 @@ pub fn render_chat(
     tok: &Tokenizer,
     messages: &[ChatMessage],
     tools: Option<&Value>,
+    kwargs: Option<&serde_json::Map<String, Value>>,
 ) -> Result<String, ApiError> {
     let Some(template) = template else {
         return Err(ApiError::invalid(
@@ -80,6 +81,7 @@ pub fn render_chat(
         tools,
         bos_token: &bos,
         eos_token: &eos,
+        kwargs,
     };
     template.render(&conv, &opts).map_err(|e| {
         ApiError::invalid(
@@ -339,7 +341,13 @@ fn prepare_chat(s: &Shared, b: Result<Bytes, BytesRejection>) -> Result<ChatPrep
     let constraint = structured::constraint(grammars, spec, tools.as_ref())?;
     // The template sees the tools unless tool_choice is "none".
     let shown = tools.as_ref().and(req.tools.as_ref());
-    let text = render_chat(template.as_ref(), &tok, &req.messages, shown)?;
+    let text = render_chat(
+        template.as_ref(),
+        &tok,
+        &req.messages,
+        shown,
+        req.chat_template_kwargs.as_ref(),
+    )?;
     let prompt = tok
         .encode(&text, false, true)
         .map_err(ApiError::from_model)?;

@@ -91,6 +91,9 @@ pub struct ChatRequest {
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
+    /// Variables for the chat template (vLLM's and llama-server's
+    /// extension, e.g. `{"enable_thinking": false}` for Qwen3).
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     #[serde(flatten)]
     pub gen: GenFields,
     /// Every other field: refused (see [`reject_unknown`]).
@@ -134,6 +137,8 @@ pub struct TokenizeRequest {
     pub model: Option<String>,
     pub prompt: Option<String>,
     pub messages: Option<Vec<ChatMessage>>,
+    /// As on chat requests: variables for the chat template.
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     #[serde(default = "yes")]
     pub add_special_tokens: bool,
 }

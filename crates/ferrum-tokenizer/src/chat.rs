@@ -34,6 +34,11 @@ pub struct ChatOptions<'a> {
     pub tools: Option<&'a serde_json::Value>,
     pub bos_token: &'a str,
     pub eos_token: &'a str,
+    /// More variables for the template (a request's
+    /// `chat_template_kwargs`, e.g. Qwen3's `enable_thinking`), as
+    /// transformers' `apply_chat_template(**kwargs)` passes them. The
+    /// variables above win over one of the same name.
+    pub kwargs: Option<&'a serde_json::Map<String, serde_json::Value>>,
 }
 
 /// `tojson` as Hugging Face defines it for chat templates: Python's
@@ -193,6 +198,7 @@ impl ChatTemplate {
             tools => opts.tools,
             bos_token => opts.bos_token,
             eos_token => opts.eos_token,
+            ..Value::from_serialize(opts.kwargs)
         };
         match tmpl.render_captured_to(ctx, &mut out) {
             // minijinja writes its strings whole: the bytes are UTF-8.

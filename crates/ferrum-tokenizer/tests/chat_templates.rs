@@ -1,7 +1,8 @@
 //! Chat templates of real models (SmolLM2, Qwen2.5 with tools, Llama-3,
 //! Qwen3, Gemma-3) rendered by minijinja against Python jinja2's rendering
 //! with Hugging Face's settings (`tests/fixtures/chat.json`, written by
-//! `scripts/make_chat_fixtures.py`).
+//! `scripts/make_chat_fixtures.py`), with and without a request's
+//! `chat_template_kwargs`.
 
 #![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
 
@@ -41,6 +42,8 @@ fn templates_render_exactly_like_transformers() {
             tools: case["tools"].as_bool().unwrap().then_some(tools),
             bos_token: case["bos_token"].as_str().unwrap(),
             eos_token: case["eos_token"].as_str().unwrap(),
+            // A request's `chat_template_kwargs` (Qwen3's `enable_thinking`).
+            kwargs: case.get("kwargs").and_then(Value::as_object),
         };
         let got = template.render(&msgs, &opts);
         match case["expected"].as_str() {
@@ -49,7 +52,7 @@ fn templates_render_exactly_like_transformers() {
         }
         checked += 1;
     }
-    assert_eq!(checked, 32);
+    assert_eq!(checked, 34);
 }
 
 #[test]

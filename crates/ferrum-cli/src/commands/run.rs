@@ -313,6 +313,7 @@ impl Session<'_> {
             tools: None,
             bos_token: &bos,
             eos_token: &eos,
+            kwargs: None,
         };
         let prompt = self
             .tok
