@@ -575,7 +575,10 @@ mod tests {
     use super::*;
 
     fn run(format: ToolFormat, pieces: &[&str]) -> Vec<Piece> {
-        let mut p = ToolParser::new(format);
+        run_with(ToolParser::new(format), pieces)
+    }
+
+    fn run_with(mut p: ToolParser, pieces: &[&str]) -> Vec<Piece> {
         let mut out: Vec<Piece> = pieces.iter().flat_map(|t| p.push(t)).collect();
         out.extend(p.finish());
         // Merge adjacent content for comparison.
@@ -638,17 +641,8 @@ mod tests {
     }
 
     fn run_lenient(pieces: &[&str]) -> Vec<Piece> {
-        let mut p = ToolParser::new(ToolFormat::Hermes).lenient(vec!["get_weather".into()]);
-        let mut out: Vec<Piece> = pieces.iter().flat_map(|x| p.push(x)).collect();
-        out.extend(p.finish());
-        let mut merged: Vec<Piece> = Vec::new();
-        for x in out {
-            match (merged.last_mut(), x) {
-                (Some(Piece::Content(a)), Piece::Content(b)) => a.push_str(&b),
-                (_, x) => merged.push(x),
-            }
-        }
-        merged
+        let names = vec!["get_weather".into()];
+        run_with(ToolParser::new(ToolFormat::Hermes).lenient(names), pieces)
     }
 
     #[test]
