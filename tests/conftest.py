@@ -120,6 +120,14 @@ def qwen_server():
 
 
 @pytest.fixture(scope="session")
+def reasoning_server():
+    """SmolLM2 with every answer's `<think>` part split out (`--reasoning-format deepseek`)."""
+    s = Server("--model", "smollm2", "--reasoning-format", "deepseek")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
 def qwen_lenient_server():
     """The same model with `--tool-call-parser lenient` (fenced calls taken)."""
     s = Server("--model", "qwen2.5-coder:0.5b", "--tool-call-parser", "lenient")

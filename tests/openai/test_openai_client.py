@@ -2,6 +2,7 @@
 import base64
 import http.client
 import json
+import re
 import struct
 import threading
 import time
@@ -372,3 +373,27 @@ def test_shutdown_deadline_ends_streams_with_an_error():
     assert "shutting down" in last["error"]["message"], last
     assert s.proc.wait(timeout=60) != 0
     s.log.close()
+
+
+# A reasoning model's output shape, forced by a regex on SmolLM2 (no thinking model is fetched).
+THOUGHT = r"<think>\n[a-z]{2,8}( [a-z]{2,8}){2,5}\n</think>\n\n[A-Z][a-z]{2,8}( [a-z]{2,8}){1,3}\."
+
+
+def test_reasoning_comes_back_as_reasoning_content(reasoning_server, chat_server):
+    """`<think>...</think>` goes to `reasoning_content` (streamed as `delta.reasoning_content`),
+    the rest to `content`, as vLLM's reasoning parsers return it; a server without
+    --reasoning-format (SmolLM2's template writes no <think>) leaves it in content."""
+    kw = dict(model=MODEL, messages=QUESTION, max_tokens=60, temperature=0.8, seed=5,
+              extra_body={"guided_regex": THOUGHT})
+    m = client(reasoning_server).chat.completions.create(**kw).choices[0].message
+    thought = m.model_extra.get("reasoning_content")
+    assert re.fullmatch(r"[a-z]+( [a-z]+)+", thought or ""), m
+    assert re.fullmatch(r"[A-Z][a-z]+( [a-z]+)+\.", m.content), m
+    streamed = {"reasoning_content": "", "content": ""}
+    for chunk in client(reasoning_server).chat.completions.create(stream=True, **kw):
+        d = chunk.choices[0].delta if chunk.choices else None
+        for k in streamed:
+            streamed[k] += (d.model_extra.get(k) if k == "reasoning_content" else d.content) or "" if d else ""
+    assert streamed == {"reasoning_content": thought, "content": m.content}
+    plain = client(chat_server).chat.completions.create(**kw).choices[0].message
+    assert plain.content == f"<think>\n{thought}\n</think>\n\n{m.content}"

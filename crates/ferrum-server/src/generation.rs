@@ -13,6 +13,7 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ferrum_engine::{FinishReason, Sampled};
+use ferrum_structured::reasoning::{Part, ReasoningParser};
 use ferrum_structured::tools::{Piece, ToolParser};
 use ferrum_structured::Constraint;
 use ferrum_tokenizer::chat::{ChatOptions, ChatTemplate, Message};
@@ -28,7 +29,7 @@ use crate::protocol::{
 };
 use crate::structured::{self, call_id, tool_calls_json, ToolSetup};
 use crate::worker::{ChoiceDone, Event, Job};
-use crate::{now, Ready, Shared};
+use crate::{now, Ready, ReasoningFormat, Shared};
 
 const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
 
@@ -311,6 +312,19 @@ struct ChatPrep {
     tools: Option<ToolSetup>,
     prompt: Vec<u32>,
     constraint: Option<Constraint>,
+    /// The answer's reasoning is split out; `Some(true)` when the prompt
+    /// already opened it.
+    reasoning: Option<bool>,
+}
+
+/// Whether (and how) a chat answer's reasoning is split out.
+fn reasoning(format: ReasoningFormat, template: Option<&str>, prompt: &str) -> Option<bool> {
+    let on = match format {
+        ReasoningFormat::None => false,
+        ReasoningFormat::Deepseek => true,
+        ReasoningFormat::Auto => template.is_some_and(|t| t.contains("<think>")),
+    };
+    on.then(|| ReasoningParser::prompt_opens(prompt))
 }
 
 fn prepare_chat(s: &Shared, b: Result<Bytes, BytesRejection>) -> Result<ChatPrep, ApiError> {
@@ -351,7 +365,15 @@ fn prepare_chat(s: &Shared, b: Result<Bytes, BytesRejection>) -> Result<ChatPrep
     let prompt = tok
         .encode(&text, false, true)
         .map_err(ApiError::from_model)?;
-    Ok(ChatPrep { p, tok, tools, prompt, constraint })
+    let reasoning = reasoning(s.cfg.reasoning_format, tok.chat_template(), &text);
+    Ok(ChatPrep {
+        p,
+        tok,
+        tools,
+        prompt,
+        constraint,
+        reasoning,
+    })
 }
 
 pub async fn chat(
@@ -359,8 +381,14 @@ pub async fn chat(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let shared = s.clone();
-    let ChatPrep { p, tok, tools, prompt, constraint } =
-        off_reactor(body_len(&b), move || prepare_chat(&shared, b)).await?;
+    let ChatPrep {
+        p,
+        tok,
+        tools,
+        prompt,
+        constraint,
+        reasoning,
+    } = off_reactor(body_len(&b), move || prepare_chat(&shared, b)).await?;
     let prompt_tokens = prompt.len();
     let rx = submit(&s, prompt, "messages", &p, None, None, constraint)?;
     let id = s.request_id("chatcmpl");
@@ -369,6 +397,9 @@ pub async fn chat(
     if p.stream {
         let mut parsers: Vec<Option<ToolParser>> = (0..p.n)
             .map(|_| tools.as_ref().map(ToolSetup::parser))
+            .collect();
+        let mut reasoners: Vec<Option<ReasoningParser>> = (0..p.n)
+            .map(|_| reasoning.map(ReasoningParser::new))
             .collect();
         return Ok(stream(&s, vec![rx], p, move |kind| {
             let base = |choices: Value| {
@@ -403,26 +434,54 @@ pub async fn chat(
                 }
                 out
             };
+            // Reasoning goes out as `reasoning_content`, the answer through
+            // the tool parser when there is one; `lp` rides on the first.
+            let parts_out = |i: usize,
+                             parts: Vec<Part>,
+                             parser: &mut Option<ToolParser>,
+                             mut lp: Option<Value>| {
+                let mut out = Vec::new();
+                for part in parts {
+                    let l = lp.take().unwrap_or(Value::Null);
+                    match (part, parser.as_mut()) {
+                        (Part::Reasoning(r), _) => {
+                            out.push(delta(i, json!({"reasoning_content": r}), l))
+                        }
+                        (Part::Content(t), Some(parser)) => {
+                            let before = parser.calls;
+                            let got = parser.push(&t);
+                            out.extend(pieces(i, got, before, l));
+                        }
+                        (Part::Content(t), None) => out.push(delta(i, json!({"content": t}), l)),
+                    }
+                }
+                out
+            };
             match kind {
                 Chunk::Start(i) => vec![base(
                     json!([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
                 )],
                 Chunk::Text(i, t, lp) => {
-                    let lp = lp
-                        .map(|(k, entries)| chat_logprobs(&tok, &entries, k))
-                        .unwrap_or(Value::Null);
-                    match &mut parsers[i] {
-                        Some(parser) => {
-                            let before = parser.calls;
-                            let got = parser.push(&t);
-                            pieces(i, got, before, lp)
-                        }
-                        None => vec![delta(i, json!({"content": t}), lp)],
-                    }
+                    let lp = Some(
+                        lp.map(|(k, entries)| chat_logprobs(&tok, &entries, k))
+                            .unwrap_or(Value::Null),
+                    );
+                    let parts = match &mut reasoners[i] {
+                        Some(r) => r.push(&t),
+                        None => vec![Part::Content(t)],
+                    };
+                    parts_out(i, parts, &mut parsers[i], lp)
                 }
                 Chunk::End(i, d, top) => {
                     let mut out = Vec::new();
                     let mut finish = finish_str(Some(d.finish));
+                    let held = reasoners[i].as_mut().map(ReasoningParser::finish);
+                    out.extend(parts_out(
+                        i,
+                        held.unwrap_or_default(),
+                        &mut parsers[i],
+                        None,
+                    ));
                     if let Some(parser) = &mut parsers[i] {
                         let before = parser.calls;
                         let got = parser.finish();
@@ -466,6 +525,7 @@ pub async fn chat(
             let (message, finish) = chat_message(
                 &c.text,
                 tools.as_ref(),
+                reasoning,
                 &id,
                 finish_str(c.done.as_ref().map(|d| d.finish)),
             );
@@ -483,6 +543,41 @@ pub async fn chat(
 /// the request offered tools; the finish reason becomes `tool_calls` when
 /// there are any.
 fn chat_message(
+    text: &str,
+    tools: Option<&ToolSetup>,
+    reasoning: Option<bool>,
+    id: &str,
+    finish: &'static str,
+) -> (Value, &'static str) {
+    let (thought, text) = match reasoning {
+        Some(inside) => split_reasoning(text, inside),
+        None => (None, text.to_string()),
+    };
+    let (mut message, finish) = answer_message(&text, tools, id, finish);
+    if let Some(r) = thought {
+        message["reasoning_content"] = json!(r);
+    }
+    (message, finish)
+}
+
+/// A whole answer's reasoning (if any) and the rest.
+fn split_reasoning(text: &str, inside: bool) -> (Option<String>, String) {
+    let mut r = ReasoningParser::new(inside);
+    let mut parts = r.push(text);
+    parts.extend(r.finish());
+    let (mut thought, mut answer) = (String::new(), String::new());
+    for part in parts {
+        match part {
+            Part::Reasoning(t) => thought.push_str(&t),
+            Part::Content(t) => answer.push_str(&t),
+        }
+    }
+    (Some(thought).filter(|t| !t.is_empty()), answer)
+}
+
+/// The message of an answer (its reasoning taken out): content, and tool
+/// calls when the request offered tools.
+fn answer_message(
     text: &str,
     tools: Option<&ToolSetup>,
     id: &str,

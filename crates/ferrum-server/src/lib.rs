@@ -85,6 +85,21 @@ pub struct ServeConfig {
     /// Also take tool calls written as fenced JSON blocks (see
     /// `ToolParser::lenient`).
     pub lenient_tool_calls: bool,
+    /// Where a chat answer's reasoning goes.
+    pub reasoning_format: ReasoningFormat,
+}
+
+/// Where a thinking model's reasoning (`<think>...</think>`) goes, as
+/// llama-server's `--reasoning-format` names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReasoningFormat {
+    /// Split into `reasoning_content` when the chat template writes
+    /// `<think>` (Qwen3, DeepSeek-R1); other models are left alone.
+    Auto,
+    /// Split for every model.
+    Deepseek,
+    /// Left in `content`.
+    None,
 }
 
 /// A model ready to serve.

@@ -9,10 +9,13 @@
 //!   masks before sampling and feeds it every emitted token.
 //! - [`tools`] reads a chat template's tool-call format, builds the grammar
 //!   that enforces calls, and parses calls out of the output.
+//! - [`reasoning`] splits a thinking model's output into its reasoning and
+//!   its answer.
 
 mod constraint;
 mod gbnf;
 mod grammar;
+pub mod reasoning;
 pub mod tools;
 mod vocab;
 

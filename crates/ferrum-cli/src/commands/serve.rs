@@ -8,7 +8,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use ferrum_engine::{Embedder, EngineConfig};
 use ferrum_models::registry::{self, Family};
-use ferrum_server::{LoadedModel, ServeConfig};
+use ferrum_server::{LoadedModel, ReasoningFormat, ServeConfig};
 
 use crate::model_files::{on_device, resolve, Device, KvArgs, ModelFiles, SpecArgs, DEFAULT_MODEL};
 
@@ -90,10 +90,24 @@ pub struct ServeArgs {
     /// fenced blocks then stream only once closed).
     #[arg(long, value_enum, default_value_t = ToolCallParser::Strict)]
     tool_call_parser: ToolCallParser,
+    /// Where a thinking model's `<think>` reasoning goes: `auto` returns it
+    /// as `reasoning_content` when the chat template writes `<think>`
+    /// (Qwen3, DeepSeek-R1), `deepseek` does so for any model, `none` leaves
+    /// it in `content` (llama-server's `--reasoning-format`).
+    #[arg(long, value_enum, default_value_t = ReasoningArg::Auto)]
+    reasoning_format: ReasoningArg,
     #[command(flatten)]
     kv: KvArgs,
     #[command(flatten)]
     spec: SpecArgs,
+}
+
+/// `--reasoning-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ReasoningArg {
+    Auto,
+    Deepseek,
+    None,
 }
 
 /// `--tool-call-parser`.
@@ -144,6 +158,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         },
         webui: !args.no_webui,
         lenient_tool_calls: args.tool_call_parser == ToolCallParser::Lenient,
+        reasoning_format: match args.reasoning_format {
+            ReasoningArg::Auto => ReasoningFormat::Auto,
+            ReasoningArg::Deepseek => ReasoningFormat::Deepseek,
+            ReasoningArg::None => ReasoningFormat::None,
+        },
     };
     let pool = args.kv.pool(args.device)?;
     let loader = Box::new(move || -> Result<LoadedModel, String> {
