@@ -22,10 +22,12 @@ BLOCKS = 4
 models = sys.argv[1] if len(sys.argv) > 1 else os.environ.get(
     "FERRUM_MODELS", os.path.expanduser("~/.cache/ferrum/models"))
 files = ["SmolLM2-135M-Instruct.Q4_1.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "gemma-3-270m-q4_k_m.gguf"]
-types = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K"]
+types = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K",
+         "IQ4_NL", "IQ4_XS", "MXFP4"]
 # f16 scale fields (byte offsets) per block, for random blocks.
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
-              "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+              "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+              "IQ4_NL": [0], "IQ4_XS": [0]}
 
 rng = np.random.default_rng(7)
 real = {}
@@ -55,6 +57,8 @@ for name in types:
         else:
             buf = bytearray(rng.integers(0, 256, nbytes, dtype=np.uint8).tobytes())
             for blk in range(n // bs):
+                if name == "MXFP4":
+                    buf[blk * bb] = int(rng.integers(110, 135))  # E8M0: 2^(e-128)
                 if name == "Q8_K":
                     buf[blk * bb: blk * bb + 4] = np.float32(rng.normal(0, 0.01)).tobytes()
                 for off in F16_FIELDS.get(name, []):

@@ -67,12 +67,15 @@ pub enum GgufQuantType {
     Q5_1,
     Q2K,
     Q3K,
+    IQ4NL,
+    IQ4XS,
+    MXFP4,
 }
 
 /// Every GGUF block format with kernels, with its ggml type and its name
 /// in kernel names (CUDA's `mmvq1_q6_k`) and on the command line
 /// (`--random-type q6_k`): the one list a new block format joins.
-const GGUF_KERNEL_TYPES: [(GgufQuantType, GgmlType, &str); 10] = {
+const GGUF_KERNEL_TYPES: [(GgufQuantType, GgmlType, &str); 13] = {
     use GgufQuantType as Q;
     [
         (Q::Q4_0, GgmlType::Q4_0, "q4_0"),
@@ -85,6 +88,9 @@ const GGUF_KERNEL_TYPES: [(GgufQuantType, GgmlType, &str); 10] = {
         (Q::Q4K, GgmlType::Q4_K, "q4_k"),
         (Q::Q5K, GgmlType::Q5_K, "q5_k"),
         (Q::Q6K, GgmlType::Q6_K, "q6_k"),
+        (Q::IQ4NL, GgmlType::IQ4_NL, "iq4_nl"),
+        (Q::IQ4XS, GgmlType::IQ4_XS, "iq4_xs"),
+        (Q::MXFP4, GgmlType::MXFP4, "mxfp4"),
     ]
 };
 
@@ -132,11 +138,14 @@ mod quant_table_tests {
     #[test]
     fn every_block_format_has_one_row() {
         use GgufQuantType::*;
-        let variants = [Q4_0, Q4_1, Q4K, Q5K, Q6K, Q8_0, Q5_0, Q5_1, Q2K, Q3K];
+        let variants = [
+            Q4_0, Q4_1, Q4K, Q5K, Q6K, Q8_0, Q5_0, Q5_1, Q2K, Q3K, IQ4NL, IQ4XS, MXFP4,
+        ];
         // Adding a variant fails to compile here until it is listed.
         for v in variants {
             match v {
-                Q4_0 | Q4_1 | Q4K | Q5K | Q6K | Q8_0 | Q5_0 | Q5_1 | Q2K | Q3K => {}
+                Q4_0 | Q4_1 | Q4K | Q5K | Q6K | Q8_0 | Q5_0 | Q5_1 | Q2K | Q3K | IQ4NL | IQ4XS
+                | MXFP4 => {}
             }
             let rows = GGUF_KERNEL_TYPES.iter().filter(|e| e.0 == v).count();
             assert_eq!(rows, 1, "{v:?}");

@@ -136,7 +136,7 @@ fn quantize_ref(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
     (q, d)
 }
 
-const TYPES: [(GgmlType, &str); 10] = [
+const TYPES: [(GgmlType, &str); 13] = [
     (GgmlType::Q4_0, "q4_0"),
     (GgmlType::Q4_1, "q4_1"),
     (GgmlType::Q5_0, "q5_0"),
@@ -147,6 +147,9 @@ const TYPES: [(GgmlType, &str); 10] = [
     (GgmlType::Q4_K, "q4_k"),
     (GgmlType::Q5_K, "q5_k"),
     (GgmlType::Q6_K, "q6_k"),
+    (GgmlType::IQ4_NL, "iq4_nl"),
+    (GgmlType::IQ4_XS, "iq4_xs"),
+    (GgmlType::MXFP4, "mxfp4"),
 ];
 
 #[test]

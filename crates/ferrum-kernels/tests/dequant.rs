@@ -42,17 +42,17 @@ fn every_type_matches_the_gguf_reference() {
         checked += 1;
     }
     assert_eq!(
-        checked, 14,
-        "F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K..Q8_K"
+        checked, 17,
+        "F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K..Q8_K IQ4_NL IQ4_XS MXFP4"
     );
 }
 
 #[test]
 fn wrong_sizes_and_unsupported_types_are_errors() {
-    let mut out = vec![0f32; 32];
-    assert!(dequantize(GgmlType::Q8_0, &[0u8; 33], &mut out).is_err());
+    let mut out = vec![0f32; 256];
+    assert!(dequantize(GgmlType::Q8_0, &[0u8; 33], &mut out[..32]).is_err());
     assert!(dequantize(GgmlType::Q8_0, &[0u8; 34], &mut out[..31]).is_err());
-    assert!(dequantize(GgmlType::Q8_0, &[0u8; 34], &mut out).is_ok());
-    let err = dequantize(GgmlType::IQ4_NL, &[0u8; 18], &mut out).unwrap_err();
+    assert!(dequantize(GgmlType::Q8_0, &[0u8; 34], &mut out[..32]).is_ok());
+    let err = dequantize(GgmlType::IQ2_XXS, &[0u8; 66], &mut out[..256]).unwrap_err();
     assert!(err.is_unsupported(), "{err}");
 }

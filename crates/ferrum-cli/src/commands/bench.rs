@@ -34,8 +34,8 @@ pub struct BenchArgs {
     /// (a mixture of experts).
     #[arg(long, value_name = "PRESET")]
     random_weights: Option<String>,
-    /// Block format of the random weights (q4_0, q4_1, q5_0, q5_1, q8_0, q2_k ..
-    /// q6_k: every format with a kernel).
+    /// Block format of the random weights: any format with a kernel (q4_0,
+    /// q8_0, q4_k, q6_k, iq4_xs, ...; an unknown name lists them all).
     #[arg(long, default_value = "q4_k")]
     random_type: String,
     /// Give the random weights shuffled input orders, as act-order GPTQ

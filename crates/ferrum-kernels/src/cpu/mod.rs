@@ -705,11 +705,11 @@ impl Backend for CpuBackend {
         dst[offset..offset + data.len()].copy_from_slice(data);
     }
 
-    /// The 32-value block types are interleaved sixteen rows at a time,
-    /// the k-quants (Q2_K to Q6_K) grouped eight rows at a time, where the
-    /// CPU has their kernels (`interleaved`, `kquant_rows`: x86 with AVX2,
-    /// AArch64; within 4% of the file's size); other types stay as in the
-    /// file.
+    /// The 32-value block types and the 4-bit codebook types are
+    /// interleaved sixteen rows at a time, the k-quants (Q2_K to Q6_K)
+    /// grouped eight rows at a time, where the CPU has their kernels
+    /// (`interleaved`, `kquant_rows`: x86 with AVX2, AArch64; within 6% of
+    /// the file's size); other types stay as in the file.
     fn load_gguf(
         bytes: &[u8],
         quant_type: GgufQuantType,
@@ -725,22 +725,24 @@ impl Backend for CpuBackend {
                 bytes.len()
             )));
         }
-        Ok(if interleaved::supports(ty) {
-            CpuBuffer {
-                data: interleaved::repack(bytes, ty, n, k)?,
-                dtype: CpuDtype::Repacked(ty),
-            }
-        } else if kquant_rows::supports(ty) {
-            CpuBuffer {
-                data: kquant_rows::repack(bytes, ty, n, k)?,
-                dtype: CpuDtype::Repacked(ty),
-            }
-        } else {
-            CpuBuffer {
-                data: crate::pack_bytes(bytes),
-                dtype: CpuDtype::Blocks(ty),
-            }
-        })
+        Ok(
+            if interleaved::supports(ty) && interleaved::repackable(bytes, ty) {
+                CpuBuffer {
+                    data: interleaved::repack(bytes, ty, n, k)?,
+                    dtype: CpuDtype::Repacked(ty),
+                }
+            } else if kquant_rows::supports(ty) {
+                CpuBuffer {
+                    data: kquant_rows::repack(bytes, ty, n, k)?,
+                    dtype: CpuDtype::Repacked(ty),
+                }
+            } else {
+                CpuBuffer {
+                    data: crate::pack_bytes(bytes),
+                    dtype: CpuDtype::Blocks(ty),
+                }
+            },
+        )
     }
 }
 

@@ -6,7 +6,11 @@
 //! loads small tensors (norms, biases) into f32.
 
 pub mod act;
+mod codebook;
 mod kquants;
+
+pub(crate) use codebook::{e8m0_half, iq4_xs_scales};
+pub use codebook::{IQ4, MX};
 
 pub(crate) use kquants::{file_quants, q3_k_scales, scale_min_k4};
 mod legacy;
@@ -51,6 +55,9 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<()> {
         T::Q5_K => blocks.for_each(|(b, o)| kquants::q5_k(b, o)),
         T::Q6_K => blocks.for_each(|(b, o)| kquants::q6_k(b, o)),
         T::Q8_K => blocks.for_each(|(b, o)| kquants::q8_k(b, o)),
+        T::IQ4_NL => blocks.for_each(|(b, o)| codebook::iq4_nl(b, o)),
+        T::IQ4_XS => blocks.for_each(|(b, o)| codebook::iq4_xs(b, o)),
+        T::MXFP4 => blocks.for_each(|(b, o)| codebook::mxfp4(b, o)),
         other => {
             return Err(FerrumError::unsupported(format!(
                 "dequantizing {other} tensors is not supported"
@@ -79,6 +86,9 @@ pub fn can_dequantize(ty: GgmlType) -> bool {
             | T::Q5_K
             | T::Q6_K
             | T::Q8_K
+            | T::IQ4_NL
+            | T::IQ4_XS
+            | T::MXFP4
     )
 }
 
@@ -90,6 +100,8 @@ pub fn random_blocks(ty: GgmlType, n_blocks: usize, seed: u64) -> Option<Vec<u8>
     // Byte offsets of each block's f16 scale fields (d, and dmin / m).
     let scales: &[usize] = match ty {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
+        GgmlType::MXFP4 => &[],
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q2_K => &[80, 82],
         GgmlType::Q3_K => &[108],
@@ -111,6 +123,10 @@ pub fn random_blocks(ty: GgmlType, n_blocks: usize, seed: u64) -> Option<Vec<u8>
         chunk.copy_from_slice(&r[..chunk.len()]);
     }
     for blk in bytes.chunks_mut(bb) {
+        if ty == GgmlType::MXFP4 {
+            // 2^-10 .. 2^-3 per block: levels up to 12 give values up to 1.5.
+            blk[0] = 118 + (next() % 8) as u8;
+        }
         for &o in scales {
             let u = (next() >> 40) as f32 / (1u64 << 24) as f32;
             let d = f16::from_f32(0.001 + 0.049 * u).to_le_bytes();

@@ -31,7 +31,7 @@ use std::arch::aarch64::*;
 
 use ferrum_types::GgmlType;
 
-use super::{Layout, Nibbles, Offset, Q40, Q41, Q50, Q51, Q80};
+use super::{Layout, Levels, Nibbles, Offset, Q40, Q41, Q50, Q51, Q80};
 use super::{ACT_ROWS, CHUNK_BYTES, LANE_BYTES, ROWS};
 use crate::cpu::act_quant::{ActRows, Outlier};
 use crate::cpu::int_dot::{act_pair, dot4, f16x8, row_pairs, smmla, unpair};
@@ -82,6 +82,28 @@ impl<const MIN: bool, const FIFTH: bool> Format for Nibbles<MIN, FIFTH> {
                 w = vorrq_u16(w, vandq_u16(vshlq_u16(plane[v], fifth), sixteen));
             }
             vreinterpretq_s16_u16(w)
+        })
+    }
+}
+
+impl<const MX: bool> Format for Levels<MX> {
+    /// The chunk's words of indices, as 16-bit halves.
+    type Chunk = [uint16x8_t; 4];
+    #[inline(always)]
+    unsafe fn chunk(g: *const u8, c: usize) -> Self::Chunk {
+        std::array::from_fn(|v| vld1q_u16(g.add(LANE_BYTES + CHUNK_BYTES * c + 16 * v).cast()))
+    }
+    #[inline(always)]
+    unsafe fn pair(x: Self::Chunk, _: usize, j: usize) -> [int16x8_t; 4] {
+        // Index j of each half word, looked up by one `TBL` per vector; its
+        // high byte (index 0's level) is replaced by the sign extension.
+        let shift = vdupq_n_s16(-4 * j as i16);
+        let low4 = vdupq_n_u16(0x0F);
+        let table = vld1q_s8(Self::TABLE.as_ptr());
+        std::array::from_fn(|v| {
+            let idx = vandq_u16(vshlq_u16(x[v], shift), low4);
+            let t = vreinterpretq_s16_s8(vqtbl1q_s8(table, vreinterpretq_u8_u16(idx)));
+            vshrq_n_s16::<8>(vshlq_n_s16::<8>(t))
         })
     }
 }
@@ -321,6 +343,8 @@ unsafe fn by_type<const ISA: u8>(
             GgmlType::Q5_0 => group16!(Q50),
             GgmlType::Q5_1 => group16!(Q51),
             GgmlType::Q8_0 => group16!(Q80),
+            GgmlType::IQ4_NL | GgmlType::IQ4_XS => group16!(Levels<false>),
+            GgmlType::MXFP4 => group16!(Levels<true>),
             _ => unreachable!("interleaved kernel called for {ty}"),
         }
     }

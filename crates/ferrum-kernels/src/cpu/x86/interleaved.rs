@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 
 use ferrum_types::GgmlType;
 
-use super::{Layout, Nibbles, Offset, Q40, Q41, Q50, Q51, Q80};
+use super::{Layout, Levels, Nibbles, Offset, Q40, Q41, Q50, Q51, Q80};
 use super::{ACT_ROWS, CHUNK_BYTES, LANE_BYTES, ROWS};
 use crate::cpu::act_quant::{ActRows, Outlier};
 use crate::cpu::int_dot::dpbusd512_at;
@@ -144,6 +144,48 @@ impl<const MIN: bool, const FIFTH: bool> Format for Nibbles<MIN, FIFTH> {
         } else {
             w
         }
+    }
+}
+
+/// Each i16 lane's index (0..16) looked up in `table` (the sixteen levels
+/// in both 128-bit halves) and sign-extended: the byte shuffle fills the
+/// lane's high byte from index 0, which the shifts replace.
+#[inline(always)]
+unsafe fn lookup256(table: __m256i, idx: __m256i) -> __m256i {
+    let t = _mm256_shuffle_epi8(table, idx);
+    _mm256_srai_epi16(_mm256_slli_epi16(t, 8), 8)
+}
+
+/// [`lookup256`] in 512 bits.
+#[inline(always)]
+unsafe fn lookup512(table: __m512i, idx: __m512i) -> __m512i {
+    let t = _mm512_shuffle_epi8(table, idx);
+    _mm512_srai_epi16(_mm512_slli_epi16(t, 8), 8)
+}
+
+impl<const MX: bool> Format for Levels<MX> {
+    /// The chunk's words of indices.
+    type Chunk = __m256i;
+    #[inline(always)]
+    unsafe fn half512(g: *const u8, h: usize) -> [__m512i; 8] {
+        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(Self::TABLE.as_ptr().cast()));
+        let mut w = [_mm512_setzero_si512(); 8];
+        for t in 0..2 {
+            let x = _mm512_loadu_si512(g.add(LANE_BYTES + CHUNK_BYTES * (2 * h + t)).cast());
+            for j in 0..4 {
+                w[4 * t + j] = lookup512(table, nibble512(x, j));
+            }
+        }
+        w
+    }
+    #[inline(always)]
+    unsafe fn chunk256(g: *const u8, c: usize, u: usize) -> Self::Chunk {
+        _mm256_loadu_si256(g.add(LANE_BYTES + CHUNK_BYTES * c + 32 * u).cast())
+    }
+    #[inline(always)]
+    unsafe fn pair256(x: Self::Chunk, _: usize, j: usize) -> __m256i {
+        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(Self::TABLE.as_ptr().cast()));
+        lookup256(table, nibble256(x, j))
     }
 }
 
@@ -631,6 +673,10 @@ macro_rules! by_type {
             GgmlType::Q5_0 => by_m!($m, M => $kernel::<Q50, M>($($arg),*)),
             GgmlType::Q5_1 => by_m!($m, M => $kernel::<Q51, M>($($arg),*)),
             GgmlType::Q8_0 => by_m!($m, M => $kernel::<Q80, M>($($arg),*)),
+            GgmlType::IQ4_NL | GgmlType::IQ4_XS => {
+                by_m!($m, M => $kernel::<Levels<false>, M>($($arg),*))
+            }
+            GgmlType::MXFP4 => by_m!($m, M => $kernel::<Levels<true>, M>($($arg),*)),
             _ => unreachable!("interleaved kernel called for {}", $ty),
         }
     };

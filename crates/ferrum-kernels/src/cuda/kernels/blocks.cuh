@@ -60,6 +60,48 @@ __device__ __forceinline__ float deq_q3_k(const u8* b, int i) {
     return f16_at(b, 108) * s * (q - sub);
 }
 
+// The 4-bit codebook formats (quant/codebook.rs): sixteen signed levels,
+// held as four little-endian words so that a lookup is register work.
+#define IQ4_LEVELS 0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u
+#define MX_LEVELS 0x03020100u, 0x0C080604u, 0xFDFEFF00u, 0xF4F8FAFCu
+// Level q (0..15) of the table t0..t3.
+__device__ __forceinline__ int level16(u32 t0, u32 t1, u32 t2, u32 t3, int q) {
+    u32 w = q < 4 ? t0 : q < 8 ? t1 : q < 12 ? t2 : t3;
+    return (signed char)(w >> (8 * (q & 3)));
+}
+// The four levels picked by the indices in the low nibbles of v's bytes
+// (high nibbles zero), as four signed bytes: __byte_perm picks from the
+// low eight levels and from the high eight by bits 0..2 of each index,
+// and bit 3 chooses between them.
+__device__ __forceinline__ int lut16(int v, u32 t0, u32 t1, u32 t2, u32 t3) {
+    u32 sel = (v & 0xF) | ((v >> 4) & 0xF0) | ((v >> 8) & 0xF00) | ((v >> 12) & 0xF000);
+    u32 lo = __byte_perm(t0, t1, sel), hi = __byte_perm(t2, t3, sel);
+    u32 m = ((v >> 3) & 0x01010101) * 0xFF;
+    return (int)((lo & ~m) | (hi & m));
+}
+// 2^(e - 128), exactly (ggml_e8m0_to_fp32_half).
+__device__ __forceinline__ float e8m0_half(int e) {
+    return __int_as_float(e < 2 ? (0x00200000 << e) : ((e - 1) << 23));
+}
+__device__ __forceinline__ int nibble_at(const u8* qs, int i) {
+    int j = i & 15;
+    return i < 16 ? (qs[j] & 15) : (qs[j] >> 4);
+}
+__device__ __forceinline__ float deq_iq4_nl(const u8* b, int i) {
+    return f16_at(b, 0) * level16(IQ4_LEVELS, nibble_at(b + 2, i));
+}
+__device__ __forceinline__ int iq4_xs_scale(const u8* b, int s) {
+    int hi = (b[2] | (b[3] << 8)) >> (2 * s);
+    return (((b[4 + s / 2] >> (4 * (s & 1))) & 15) | ((hi & 3) << 4)) - 32;
+}
+__device__ __forceinline__ float deq_iq4_xs(const u8* b, int i) {
+    int s = i >> 5;
+    return f16_at(b, 0) * iq4_xs_scale(b, s) * level16(IQ4_LEVELS, nibble_at(b + 8 + 16 * s, i & 31));
+}
+__device__ __forceinline__ float deq_mxfp4(const u8* b, int i) {
+    return e8m0_half(b[0]) * level16(MX_LEVELS, nibble_at(b + 1, i));
+}
+
 // Eight consecutive values starting at i (a multiple of 8) of one block:
 // the scales are decoded once per eight values. Types without a
 // hand-written version go through deq_<type> one value at a time.
@@ -73,6 +115,9 @@ DEQ8_GENERIC(q5_1)
 DEQ8_GENERIC(q2_k)
 DEQ8_GENERIC(q3_k)
 DEQ8_GENERIC(q5_k)
+DEQ8_GENERIC(iq4_nl)
+DEQ8_GENERIC(iq4_xs)
+DEQ8_GENERIC(mxfp4)
 
 __device__ __forceinline__ void deq8_q4_0(const u8* b, int i, float* o) {
     float d = f16_at(b, 0);

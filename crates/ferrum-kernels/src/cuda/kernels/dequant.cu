@@ -156,6 +156,9 @@ QUANT_KERNELS(q2_k, 256, 84)
 QUANT_KERNELS(q3_k, 256, 110)
 QUANT_KERNELS(q5_k, 256, 176)
 QUANT_KERNELS(q6_k, 256, 210)
+QUANT_KERNELS(iq4_nl, 32, 18)
+QUANT_KERNELS(iq4_xs, 256, 136)
+QUANT_KERNELS(mxfp4, 32, 17)
 
 // Activations to bf16 for the tensor-core GEMM.
 extern "C" __global__ void to_bf16(const float* x, u16* out, int n) { GRID_LOOP(i, n) out[i] = f2bf(x[i]); }

@@ -315,6 +315,71 @@ struct Q2_K {
     }
 };
 
+// The codebook formats: the indices looked up into signed levels once per
+// load (lut16), then plain int8 dot products; no offset term.
+struct IQ4_NL {
+    static const int QK = 32, BB = 18, U = 1;
+    struct W { int lo[4], hi[4]; float d; };
+    static __device__ __forceinline__ W load(const u8* b, int) {
+        W w;
+        w.d = f16_at(b, 0);
+        for (int t = 0; t < 4; t++) {
+            int q = ld2(b + 2 + 4 * t);
+            w.lo[t] = lut16(LO4(q), IQ4_LEVELS);
+            w.hi[t] = lut16(HI4(q), IQ4_LEVELS);
+        }
+        return w;
+    }
+    static __device__ __forceinline__ float dot(const W& w, int, const int* x, const float2* xd) {
+        int s = 0;
+        for (int t = 0; t < 4; t++) s = __dp4a(w.hi[t], x[4 + t], __dp4a(w.lo[t], x[t], s));
+        return w.d * xd[0].x * s;
+    }
+};
+// MXFP4: 17-byte blocks put the indices at odd offsets: bytes loaded singly.
+struct MXFP4 {
+    static const int QK = 32, BB = 17, U = 1;
+    struct W { int lo[4], hi[4]; float d; };
+    static __device__ __forceinline__ W load(const u8* b, int) {
+        W w;
+        w.d = e8m0_half(b[0]);
+        for (int t = 0; t < 4; t++) {
+            const u8* p = b + 1 + 4 * t;
+            int q = p[0] | (p[1] << 8) | (p[2] << 16) | ((u32)p[3] << 24);
+            w.lo[t] = lut16(LO4(q), MX_LEVELS);
+            w.hi[t] = lut16(HI4(q), MX_LEVELS);
+        }
+        return w;
+    }
+    static __device__ __forceinline__ float dot(const W& w, int, const int* x, const float2* xd) {
+        int s = 0;
+        for (int t = 0; t < 4; t++) s = __dp4a(w.hi[t], x[4 + t], __dp4a(w.lo[t], x[t], s));
+        return w.d * xd[0].x * s;
+    }
+};
+// IQ4_XS: a unit is one 32-value sub-block (IQ4_NL's layout, 16 bytes from
+// byte 8 + 16u, 8-aligned: blocks are 136 bytes) with its own scale.
+struct IQ4_XS {
+    static const int QK = 256, BB = 136, U = 8;
+    struct W { int lo[4], hi[4]; float d; };
+    static __device__ __forceinline__ W load(const u8* b, int u) {
+        W w;
+        w.d = f16_at(b, 0) * iq4_xs_scale(b, u);
+        for (int t = 0; t < 4; t++) {
+            int q = ld4(b + 8 + 16 * u + 4 * t);
+            w.lo[t] = lut16(LO4(q), IQ4_LEVELS);
+            w.hi[t] = lut16(HI4(q), IQ4_LEVELS);
+        }
+        return w;
+    }
+    static __device__ __forceinline__ float dot(const W& w, int u, const int* x, const float2* xd) {
+        const int* xu = x + 8 * u;
+        int s = 0;
+        for (int t = 0; t < 4; t++) s = __dp4a(w.hi[t], xu[4 + t], __dp4a(w.lo[t], xu[t], s));
+        return w.d * xd[u].x * s;
+    }
+};
+
 // out[r, col] for MMVQ_COLS columns from col0 and rows r < m (<= R) of the
 // q8_1 activation: the block's threads share out the weight units of a row,
 // each unit's weights are loaded once for all rows, and the partial sums
@@ -415,3 +480,6 @@ MMVQ_KERNELS(q3_k, Q3_K)
 MMVQ_KERNELS(q4_k, Q4_K)
 MMVQ_KERNELS(q5_k, Q5_K)
 MMVQ_KERNELS(q6_k, Q6_K)
+MMVQ_KERNELS(iq4_nl, IQ4_NL)
+MMVQ_KERNELS(iq4_xs, IQ4_XS)
+MMVQ_KERNELS(mxfp4, MXFP4)
