@@ -26,8 +26,13 @@ BLOCKS = {
     12: (144, [0, 2]),  # Q4_K
     13: (176, [0, 2]),  # Q5_K
     14: (210, [208]),  # Q6_K
+    20: (18, [0]),  # IQ4_NL
+    23: (136, [0]),  # IQ4_XS
+    39: (17, []),  # MXFP4: its scale is the E8M0 byte 0 (set below)
 }
-BLOCK_VALUES = {2: 32, 3: 32, 6: 32, 7: 32, 8: 32, 10: 256, 11: 256, 12: 256, 13: 256, 14: 256}
+BLOCK_VALUES = {2: 32, 3: 32, 6: 32, 7: 32, 8: 32, 10: 256, 11: 256, 12: 256, 13: 256, 14: 256,
+                20: 32, 23: 256, 39: 32}
+MXFP4 = 39
 F32, F16 = 0, 1
 
 
@@ -103,6 +108,8 @@ def chunk(ty):
     for i in range(n):
         for s in scales:
             b[i * bb + s : i * bb + s + 2] = d
+        if ty == MXFP4:
+            b[i * bb] = 119  # 2^-9: values up to 0.023, as 0.002 times the 4-bit types' levels
     return bytes(b)
 
 

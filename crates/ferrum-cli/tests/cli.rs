@@ -412,12 +412,12 @@ fn bench_rejects_bad_presets_and_devices() {
         "--random-weights",
         "qwen2.5-0.5b",
         "--random-type",
-        "iq4_xs",
+        "iq2_xxs",
     ];
     let out = ferrum(&args);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.contains("choose one of q4_0, q4_1") && err.contains("q6_k"),
+        !out.status.success() && err.contains("choose one of q4_0, q4_1") && err.contains("iq4_xs"),
         "{err}"
     );
 }

@@ -154,7 +154,7 @@ mod quant_table_tests {
             assert_eq!(v.name(), v.ggml().to_string().to_lowercase());
         }
         assert_eq!(GgufQuantType::all().count(), variants.len());
-        assert_eq!(GgufQuantType::from_ggml(GgmlType::IQ4_XS), None);
+        assert_eq!(GgufQuantType::from_ggml(GgmlType::IQ2_XXS), None);
     }
 }
 

@@ -45,10 +45,15 @@
 //! A group block is exactly sixteen file blocks long, so the weights take
 //! the same memory as in the file.
 //!
-//! The codebook types take Q4_0's layout with their 4-bit *indices* as the
-//! nibbles, and the kernels look each index up in the type's sixteen
-//! signed levels (`quant::IQ4`, `quant::MX`) as they unpack it: one byte
-//! shuffle per vector of pairs. Each 32 values get an f16 scale: IQ4_NL's
+//! The codebook types take Q4_0's layout with, as each nibble, the *rank*
+//! of its index's level among the type's sixteen (`quant::IQ4`,
+//! `quant::MX`), and the kernels look each rank up in a table of the
+//! levels in rising order less the lowest, `MIN`: one byte shuffle per
+//! vector of pairs, whose table entry 0 is 0, so the shuffle's fill of
+//! each 16-bit lane's high byte (from index 0) leaves the lane the
+//! unsigned value (0..=240). `x = d·(TABLE[q] + MIN)`: the offset `d·MIN`
+//! is applied per block through the activation sums, as Q4_0's `−8·d` is.
+//! Each 32 values get an f16 scale: IQ4_NL's
 //! own; MXFP4's power of two `2^(e−128)`, exact in f16 for `e` in
 //! 104..=143 (a tensor with others keeps the file's layout and the
 //! dequantizing path); IQ4_XS's `d·(ls−32)` for each 32 of its
@@ -135,20 +140,53 @@ impl<const MIN: bool, const FIFTH: bool> Layout for Nibbles<MIN, FIFTH> {
     };
 }
 
-/// The codebook types: Q4_0's layout, no offset, indices into IQ4_NL's
-/// levels (also IQ4_XS's) or, with `MX`, MXFP4's.
+/// The codebook types: Q4_0's layout with the ranks of IQ4_NL's levels
+/// (also IQ4_XS's) or, with `MX`, MXFP4's (see the module comment).
 struct Levels<const MX: bool>;
 impl<const MX: bool> Levels<MX> {
-    /// The sixteen levels, as the byte-shuffle table.
-    const TABLE: [i8; 16] = if MX {
+    const LEVELS: [i8; 16] = if MX {
         crate::quant::MX
     } else {
         crate::quant::IQ4
     };
+    /// The lowest level.
+    const MIN: i8 = Self::RANKED.0;
+    /// Each index's rank among the levels (ties by index).
+    const RANK: [u8; 16] = Self::RANKED.1;
+    /// The levels in rising order, less `MIN`: the byte-shuffle table.
+    const TABLE: [u8; 16] = Self::RANKED.2;
+    const RANKED: (i8, [u8; 16], [u8; 16]) = ranked(Self::LEVELS);
 }
 impl<const MX: bool> Layout for Levels<MX> {
     const GROUP: usize = Q40::GROUP;
-    const OFFSET: Offset = Offset::No;
+    const OFFSET: Offset = Offset::Scaled(Self::MIN as f32);
+}
+
+/// `(MIN, RANK, TABLE)` of [`Levels`] for `levels`.
+const fn ranked(levels: [i8; 16]) -> (i8, [u8; 16], [u8; 16]) {
+    let (mut min, mut rank, mut table) = (i8::MAX, [0u8; 16], [0u8; 16]);
+    let mut i = 0;
+    while i < 16 {
+        if levels[i] < min {
+            min = levels[i];
+        }
+        i += 1;
+    }
+    i = 0;
+    while i < 16 {
+        let mut r = 0;
+        let mut j = 0;
+        while j < 16 {
+            if levels[j] < levels[i] || (levels[j] == levels[i] && j < i) {
+                r += 1;
+            }
+            j += 1;
+        }
+        rank[i] = r as u8;
+        table[r] = (levels[i] as i16 - min as i16) as u8;
+        i += 1;
+    }
+    (min, rank, table)
 }
 
 type Q40 = Nibbles<false, false>;
@@ -220,6 +258,23 @@ pub(crate) fn repackable(bytes: &[u8], ty: GgmlType) -> bool {
             .all(|b| (104..=143).contains(&b[0]))
 }
 
+/// A codebook type's blocks as IQ4_NL-shaped blocks (an f16 scale and 16
+/// bytes of 4-bit quants per 32 values; see the module comment for the
+/// scales) with each index replaced by its level's rank: MXFP4's differ
+/// from its indices, IQ4's levels rise with their indices already.
+fn as_ranked(bytes: &[u8], ty: GgmlType) -> Vec<u8> {
+    let mut blocks = as_iq4_nl(bytes, ty);
+    if ty == GgmlType::MXFP4 {
+        let rank = Levels::<true>::RANK;
+        for blk in blocks.chunks_exact_mut(18) {
+            for q in &mut blk[2..] {
+                *q = rank[usize::from(*q & 0xF)] | rank[usize::from(*q >> 4)] << 4;
+            }
+        }
+    }
+    blocks
+}
+
 /// A codebook type's blocks as IQ4_NL blocks (an f16 scale and 16 bytes of
 /// indices per 32 values; see the module comment for the scales).
 fn as_iq4_nl(bytes: &[u8], ty: GgmlType) -> Vec<u8> {
@@ -266,8 +321,8 @@ pub(crate) fn repack(bytes: &[u8], ty: GgmlType, n: usize, k: usize) -> Result<V
             bytes.len()
         )));
     }
-    // The codebook types are packed as IQ4_NL blocks, in Q4_0's layout.
-    let nl = codebook(ty).then(|| as_iq4_nl(bytes, ty));
+    // The codebook types are packed as ranked blocks, in Q4_0's layout.
+    let nl = codebook(ty).then(|| as_ranked(bytes, ty));
     let (bytes, ty) = match &nl {
         Some(nl) => (&nl[..], GgmlType::Q4_0),
         None => (bytes, ty),
@@ -555,9 +610,37 @@ mod tests {
     use ferrum_types::GgmlType;
     use rand::{rngs::StdRng, Rng, SeedableRng};
 
-    use super::{as_iq4_nl, codebook, group_bytes, quants_at, repack, ROWS};
+    use super::{as_iq4_nl, codebook, group_bytes, quants_at, repack, Levels, ROWS};
     use crate::cpu::act_quant::ActRows;
     use crate::quant::{dequantize, random_blocks, IQ4, MX};
+
+    /// A codebook type's `(TABLE, MIN)`.
+    fn table(ty: GgmlType) -> ([u8; 16], i8) {
+        if ty == GgmlType::MXFP4 {
+            (Levels::<true>::TABLE, Levels::<true>::MIN)
+        } else {
+            (Levels::<false>::TABLE, Levels::<false>::MIN)
+        }
+    }
+
+    /// Each index's level is its rank's table entry plus `MIN`, and entry 0
+    /// is 0 (the kernels' shuffle relies on it).
+    #[test]
+    fn ranks_and_tables_give_the_levels() {
+        fn check<const M: bool>(levels: [i8; 16]) {
+            let (rank, table, min) = (Levels::<M>::RANK, Levels::<M>::TABLE, Levels::<M>::MIN);
+            assert_eq!(table[0], 0);
+            assert!(table.windows(2).all(|w| w[0] <= w[1]), "{table:?}");
+            for (i, &l) in levels.iter().enumerate() {
+                assert_eq!(
+                    i16::from(table[usize::from(rank[i])]) + i16::from(min),
+                    i16::from(l)
+                );
+            }
+        }
+        check::<false>(IQ4);
+        check::<true>(MX);
+    }
 
     const TYPES: [GgmlType; 8] = [
         GgmlType::Q4_0,
@@ -573,7 +656,7 @@ mod tests {
     /// Reads value `i` of row `r` of block `b` back from the interleaved
     /// layout as `(d, m, q)`: its scale, its minimum (Q4_1, Q5_1; else 0)
     /// and its integer quant (unsigned, but Q8_0's; the codebook types'
-    /// signed level).
+    /// table entry, their level less `MIN`).
     fn parts(ty: GgmlType, w: &[u8], nb: usize, row: usize, b: usize, i: usize) -> (f32, f32, i32) {
         let gb = group_bytes(ty);
         let blk = &w[((row / ROWS) * nb + b) * gb..][..gb];
@@ -592,8 +675,7 @@ mod tests {
             q |= ((word(qs + 256 + 4 * r) >> (16 * (i % 2) + i / 2)) & 1) << 4;
         }
         if codebook(ty) {
-            let levels = if ty == GgmlType::MXFP4 { MX } else { IQ4 };
-            return (d, 0.0, i32::from(levels[q as usize]));
+            return (d, 0.0, i32::from(table(ty).0[q as usize]));
         }
         let m = if quants_at(ty) == 64 {
             f16(32 + 2 * r)
@@ -611,7 +693,7 @@ mod tests {
             GgmlType::Q4_0 => d * (q - 8.0),
             GgmlType::Q5_0 => d * (q - 16.0),
             GgmlType::Q8_0 => d * q,
-            _ if codebook(ty) => d * q,
+            _ if codebook(ty) => d * (q + f32::from(table(ty).1)),
             _ => d * q + m,
         }
     }
@@ -821,7 +903,7 @@ mod tests {
                                 GgmlType::Q4_0 => d * -8.0,
                                 GgmlType::Q5_0 => d * -16.0,
                                 GgmlType::Q8_0 => continue,
-                                _ if codebook(ty) => continue,
+                                _ if codebook(ty) => d * f32::from(table(ty).1),
                                 _ => m,
                             };
                             acc = o.mul_add(act.s[at], acc);

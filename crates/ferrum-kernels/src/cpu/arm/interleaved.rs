@@ -87,7 +87,7 @@ impl<const MIN: bool, const FIFTH: bool> Format for Nibbles<MIN, FIFTH> {
 }
 
 impl<const MX: bool> Format for Levels<MX> {
-    /// The chunk's words of indices, as 16-bit halves.
+    /// The chunk's words of ranks, as 16-bit halves.
     type Chunk = [uint16x8_t; 4];
     #[inline(always)]
     unsafe fn chunk(g: *const u8, c: usize) -> Self::Chunk {
@@ -95,15 +95,14 @@ impl<const MX: bool> Format for Levels<MX> {
     }
     #[inline(always)]
     unsafe fn pair(x: Self::Chunk, _: usize, j: usize) -> [int16x8_t; 4] {
-        // Index j of each half word, looked up by one `TBL` per vector; its
-        // high byte (index 0's level) is replaced by the sign extension.
+        // Rank j of each half word, looked up by one `TBL` per vector,
+        // whose entry 0 (zero) fills the high byte.
         let shift = vdupq_n_s16(-4 * j as i16);
         let low4 = vdupq_n_u16(0x0F);
-        let table = vld1q_s8(Self::TABLE.as_ptr());
+        let table = vld1q_u8(Self::TABLE.as_ptr());
         std::array::from_fn(|v| {
             let idx = vandq_u16(vshlq_u16(x[v], shift), low4);
-            let t = vreinterpretq_s16_s8(vqtbl1q_s8(table, vreinterpretq_u8_u16(idx)));
-            vshrq_n_s16::<8>(vshlq_n_s16::<8>(t))
+            vreinterpretq_s16_u8(vqtbl1q_u8(table, vreinterpretq_u8_u16(idx)))
         })
     }
 }

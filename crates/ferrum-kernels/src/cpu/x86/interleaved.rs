@@ -147,24 +147,10 @@ impl<const MIN: bool, const FIFTH: bool> Format for Nibbles<MIN, FIFTH> {
     }
 }
 
-/// Each i16 lane's index (0..16) looked up in `table` (the sixteen levels
-/// in both 128-bit halves) and sign-extended: the byte shuffle fills the
-/// lane's high byte from index 0, which the shifts replace.
-#[inline(always)]
-unsafe fn lookup256(table: __m256i, idx: __m256i) -> __m256i {
-    let t = _mm256_shuffle_epi8(table, idx);
-    _mm256_srai_epi16(_mm256_slli_epi16(t, 8), 8)
-}
-
-/// [`lookup256`] in 512 bits.
-#[inline(always)]
-unsafe fn lookup512(table: __m512i, idx: __m512i) -> __m512i {
-    let t = _mm512_shuffle_epi8(table, idx);
-    _mm512_srai_epi16(_mm512_slli_epi16(t, 8), 8)
-}
-
+/// The codebook types: each i16 lane's rank (0..16) looked up in the
+/// table by one byte shuffle, whose entry 0 (zero) fills the high byte.
 impl<const MX: bool> Format for Levels<MX> {
-    /// The chunk's words of indices.
+    /// The chunk's words of ranks.
     type Chunk = __m256i;
     #[inline(always)]
     unsafe fn half512(g: *const u8, h: usize) -> [__m512i; 8] {
@@ -173,7 +159,7 @@ impl<const MX: bool> Format for Levels<MX> {
         for t in 0..2 {
             let x = _mm512_loadu_si512(g.add(LANE_BYTES + CHUNK_BYTES * (2 * h + t)).cast());
             for j in 0..4 {
-                w[4 * t + j] = lookup512(table, nibble512(x, j));
+                w[4 * t + j] = _mm512_shuffle_epi8(table, nibble512(x, j));
             }
         }
         w
@@ -185,7 +171,7 @@ impl<const MX: bool> Format for Levels<MX> {
     #[inline(always)]
     unsafe fn pair256(x: Self::Chunk, _: usize, j: usize) -> __m256i {
         let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(Self::TABLE.as_ptr().cast()));
-        lookup256(table, nibble256(x, j))
+        _mm256_shuffle_epi8(table, nibble256(x, j))
     }
 }
 
