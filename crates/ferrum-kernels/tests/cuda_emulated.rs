@@ -20,8 +20,8 @@ use std::sync::{Mutex, OnceLock};
 
 use ferrum_kernels::quant::{dequantize, random_blocks};
 use ferrum_kernels::{
-    encode_segments, AttnConfig, AttnSegment, Backend, CpuBackend as C, Heads, PagedKv, QkMode,
-    Span,
+    encode_segments, AttnConfig, AttnSegment, Backend, CpuBackend as C, GgufQuantType, Heads,
+    PagedKv, QkMode, Span,
 };
 use ferrum_types::GgmlType;
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
@@ -136,21 +136,17 @@ fn quantize_ref(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
     (q, d)
 }
 
-const TYPES: [(GgmlType, &str); 13] = [
-    (GgmlType::Q4_0, "q4_0"),
-    (GgmlType::Q4_1, "q4_1"),
-    (GgmlType::Q5_0, "q5_0"),
-    (GgmlType::Q5_1, "q5_1"),
-    (GgmlType::Q8_0, "q8_0"),
-    (GgmlType::Q2_K, "q2_k"),
-    (GgmlType::Q3_K, "q3_k"),
-    (GgmlType::Q4_K, "q4_k"),
-    (GgmlType::Q5_K, "q5_k"),
-    (GgmlType::Q6_K, "q6_k"),
-    (GgmlType::IQ4_NL, "iq4_nl"),
-    (GgmlType::IQ4_XS, "iq4_xs"),
-    (GgmlType::MXFP4, "mxfp4"),
-];
+/// Every block format with kernels and its name in kernel names, from the
+/// one quant-format table (`GgufQuantType`).
+fn types() -> Vec<(GgmlType, &'static str)> {
+    GgufQuantType::all().map(|t| (t.ggml(), t.name())).collect()
+}
+
+/// The type named `name`.
+fn ty(name: &str) -> (GgmlType, &'static str) {
+    let t = GgufQuantType::from_name(name).unwrap();
+    (t.ggml(), t.name())
+}
 
 #[test]
 fn q8_1_quantization_matches_the_reference() {
@@ -203,7 +199,7 @@ fn mmvq_matches_the_exact_dot_products_for_every_type_and_variant() {
     for (v, defines) in variants.into_iter().enumerate() {
         let bin = harness(defines);
         // Every type in the default; one of each layout in the others.
-        let types = TYPES
+        let types = types()
             .into_iter()
             .filter(|(_, n)| v == 0 || ["q4_0", "q4_k", "q6_k"].contains(n));
         for (ty, name) in types {
@@ -256,7 +252,7 @@ fn mmvq_experts_match_each_expert_alone() {
     let bin = harness(&[]);
     let mut rng = StdRng::seed_from_u64(3);
     let (n, k, experts) = (6, 512, 3);
-    for (ty, name) in [TYPES[0], TYPES[7], TYPES[9], TYPES[4]] {
+    for (ty, name) in [ty("q4_0"), ty("q4_k"), ty("q6_k"), ty("q8_0")] {
         let per = n * k / ty.block_size() * ty.block_bytes();
         let mut bytes = Vec::new();
         let mut w = Vec::new();
@@ -353,7 +349,7 @@ fn check_experts(
 #[test]
 fn bf16_dequantization_rounds_each_value() {
     let bin = harness(&[]);
-    for (ty, name) in TYPES {
+    for (ty, name) in types() {
         let (n, k) = (3, 512);
         let bytes = random_blocks(ty, n * k / ty.block_size(), 5).unwrap();
         let mut w = vec![0f32; n * k];

@@ -239,11 +239,8 @@ fn check_f32(t: GgufQuantType, w: &[f32], a: &[f32], got: &[f32], m: usize, n: u
 
 #[test]
 fn every_block_type_matches_dequantized_gemm() {
-    use GgufQuantType::*;
     let mut rng = StdRng::seed_from_u64(5);
-    for t in [
-        Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K, IQ4NL, IQ4XS, MXFP4,
-    ] {
+    for t in GgufQuantType::all() {
         let k = 2 * t.ggml().block_size();
         for &(m, n) in &[(1, 17), (3, 5), (8, 33), (9, 130), (40, 7), (70, 19)] {
             let bytes = random_blocks(&mut rng, t, n, k);
