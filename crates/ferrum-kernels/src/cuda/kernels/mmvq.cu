@@ -317,6 +317,13 @@ struct Q2_K {
 
 // The codebook formats: the indices looked up into signed levels once per
 // load (lut16), then plain int8 dot products; no offset term.
+// Σ of 32 int8 products: lo[t] pairs with activation int t, hi[t] with
+// int 4 + t (low nibbles values 0..15, high ones 16..31).
+__device__ __forceinline__ int lohi_sum(const int* lo, const int* hi, const int* x) {
+    int s = 0;
+    for (int t = 0; t < 4; t++) s = __dp4a(hi[t], x[4 + t], __dp4a(lo[t], x[t], s));
+    return s;
+}
 struct IQ4_NL {
     static const int QK = 32, BB = 18, U = 1;
     struct W { int lo[4], hi[4]; float d; };
@@ -331,9 +338,7 @@ struct IQ4_NL {
         return w;
     }
     static __device__ __forceinline__ float dot(const W& w, int, const int* x, const float2* xd) {
-        int s = 0;
-        for (int t = 0; t < 4; t++) s = __dp4a(w.hi[t], x[4 + t], __dp4a(w.lo[t], x[t], s));
-        return w.d * xd[0].x * s;
+        return w.d * xd[0].x * lohi_sum(w.lo, w.hi, x);
     }
 };
 // MXFP4: 17-byte blocks put the indices at odd offsets: bytes loaded singly.
@@ -352,9 +357,7 @@ struct MXFP4 {
         return w;
     }
     static __device__ __forceinline__ float dot(const W& w, int, const int* x, const float2* xd) {
-        int s = 0;
-        for (int t = 0; t < 4; t++) s = __dp4a(w.hi[t], x[4 + t], __dp4a(w.lo[t], x[t], s));
-        return w.d * xd[0].x * s;
+        return w.d * xd[0].x * lohi_sum(w.lo, w.hi, x);
     }
 };
 // IQ4_XS: a unit is one 32-value sub-block (IQ4_NL's layout, 16 bytes from
@@ -373,10 +376,7 @@ struct IQ4_XS {
         return w;
     }
     static __device__ __forceinline__ float dot(const W& w, int u, const int* x, const float2* xd) {
-        const int* xu = x + 8 * u;
-        int s = 0;
-        for (int t = 0; t < 4; t++) s = __dp4a(w.hi[t], xu[4 + t], __dp4a(w.lo[t], xu[t], s));
-        return w.d * xd[u].x * s;
+        return w.d * xd[u].x * lohi_sum(w.lo, w.hi, x + 8 * u);
     }
 };
 
