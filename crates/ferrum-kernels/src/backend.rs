@@ -70,12 +70,17 @@ pub enum GgufQuantType {
     IQ4NL,
     IQ4XS,
     MXFP4,
+    /// Whole-precision 16-bit weights (F16 and BF16 GGUF files): kept at
+    /// two bytes a weight, where f32 would take twice the memory and the
+    /// bytes read per token.
+    F16,
+    BF16,
 }
 
 /// Every GGUF block format with kernels, with its ggml type and its name
 /// in kernel names (CUDA's `mmvq1_q6_k`) and on the command line
 /// (`--random-type q6_k`): the one list a new block format joins.
-const GGUF_KERNEL_TYPES: [(GgufQuantType, GgmlType, &str); 13] = {
+const GGUF_KERNEL_TYPES: [(GgufQuantType, GgmlType, &str); 15] = {
     use GgufQuantType as Q;
     [
         (Q::Q4_0, GgmlType::Q4_0, "q4_0"),
@@ -91,6 +96,8 @@ const GGUF_KERNEL_TYPES: [(GgufQuantType, GgmlType, &str); 13] = {
         (Q::IQ4NL, GgmlType::IQ4_NL, "iq4_nl"),
         (Q::IQ4XS, GgmlType::IQ4_XS, "iq4_xs"),
         (Q::MXFP4, GgmlType::MXFP4, "mxfp4"),
+        (Q::F16, GgmlType::F16, "f16"),
+        (Q::BF16, GgmlType::BF16, "bf16"),
     ]
 };
 
@@ -139,13 +146,13 @@ mod quant_table_tests {
     fn every_block_format_has_one_row() {
         use GgufQuantType::*;
         let variants = [
-            Q4_0, Q4_1, Q4K, Q5K, Q6K, Q8_0, Q5_0, Q5_1, Q2K, Q3K, IQ4NL, IQ4XS, MXFP4,
+            Q4_0, Q4_1, Q4K, Q5K, Q6K, Q8_0, Q5_0, Q5_1, Q2K, Q3K, IQ4NL, IQ4XS, MXFP4, F16, BF16,
         ];
         // Adding a variant fails to compile here until it is listed.
         for v in variants {
             match v {
                 Q4_0 | Q4_1 | Q4K | Q5K | Q6K | Q8_0 | Q5_0 | Q5_1 | Q2K | Q3K | IQ4NL | IQ4XS
-                | MXFP4 => {}
+                | MXFP4 | F16 | BF16 => {}
             }
             let rows = GGUF_KERNEL_TYPES.iter().filter(|e| e.0 == v).count();
             assert_eq!(rows, 1, "{v:?}");

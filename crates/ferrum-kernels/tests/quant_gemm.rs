@@ -23,7 +23,7 @@ fn scale_offsets(t: GgufQuantType) -> &'static [usize] {
     use GgufQuantType::*;
     match t {
         Q4_0 | Q5_0 | Q8_0 | IQ4NL | IQ4XS => &[0],
-        MXFP4 => &[],
+        MXFP4 | F16 | BF16 => &[],
         Q4_1 | Q5_1 | Q4K | Q5K => &[0, 2],
         Q2K => &[80, 82],
         Q3K => &[108],
@@ -33,6 +33,10 @@ fn scale_offsets(t: GgufQuantType) -> &'static [usize] {
 
 fn random_blocks(rng: &mut StdRng, t: GgufQuantType, rows: usize, k: usize) -> Vec<u8> {
     let ty = t.ggml();
+    if ty.block_size() == 1 {
+        // F16, BF16: random bits would hold NaNs.
+        return ferrum_kernels::quant::random_blocks(ty, rows * k, rng.random()).unwrap();
+    }
     let (bs, bb) = (ty.block_size(), ty.block_bytes());
     let mut bytes: Vec<u8> = (0..rows * k / bs * bb).map(|_| rng.random()).collect();
     for block in bytes.chunks_mut(bb) {

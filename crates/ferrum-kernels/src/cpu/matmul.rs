@@ -100,6 +100,33 @@ pub(crate) fn multi_dot(a: &[f32], w: &[f32], k: usize, dots: &mut [f32]) {
     }
 }
 
+/// [`multi_dot`] against a weight row of `k` F16 (`bf16`: BF16) values in
+/// the file's bytes, widened as they are loaded, on AVX2 (with F16C): the
+/// same float steps as `multi_dot` on the widened row, so the same bits,
+/// reading half the bytes of f32 weights.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn multi_dot_halves(a: &[f32], w: &[u8], bf16: bool, k: usize, dots: &mut [f32]) {
+    assert!(super::features::has_avx2() && w.len() >= 2 * k);
+    fn rows<const R: usize>(a: &[f32], w: &[u8], bf16: bool, k: usize) -> [f32; R] {
+        // SAFETY: AVX2/FMA/F16C present and `w` holds `k` 16-bit values
+        // (asserted by the caller; read unaligned); `dots_of` asserts `a`.
+        unsafe {
+            if bf16 {
+                x86::dots_of::<R, half::bf16>(a, w.as_ptr().cast(), k)
+            } else {
+                x86::dots_of::<R, half::f16>(a, w.as_ptr().cast(), k)
+            }
+        }
+    }
+    let fours = dots.len() / 4 * 4;
+    for (i, d) in dots[..fours].chunks_exact_mut(4).enumerate() {
+        d.copy_from_slice(&rows::<4>(&a[4 * i * k..], w, bf16, k));
+    }
+    for (i, d) in dots.iter_mut().enumerate().skip(fours) {
+        *d = rows::<1>(&a[i * k..], w, bf16, k)[0];
+    }
+}
+
 /// One row of [`multi_dot`] in `x86::dots_avx2`'s float steps, so that
 /// other CPUs give its bits: two eight-lane chains over alternate runs of
 /// eight, one more run into the first, the chains added, the lanes summed

@@ -17,6 +17,8 @@ use ferrum_types::{FerrumError, GgmlType, Result};
 use rayon::prelude::*;
 
 use super::act_quant::ActRows;
+#[cfg(target_arch = "x86_64")]
+use super::matmul::multi_dot_halves;
 use super::matmul::{blocked, multi_dot, ROWS_PER_TASK, STREAMING_MAX_M};
 use super::profile::{self, Op};
 use super::SyncPtr;
@@ -29,7 +31,7 @@ use crate::quant::dequantize;
 const STREAMING_GROUPS: usize = 4;
 
 /// Weight rows dequantized per tile in the large-`m` path.
-const TILE_ROWS: usize = 128;
+const TILE_ROWS: usize = 512;
 
 thread_local! {
     static ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -150,14 +152,28 @@ fn streaming(
             let mut row = row.borrow_mut();
             row.resize(k, 0.0);
             let mut dots = [0f32; STREAMING_MAX_M];
+            // F16/BF16 rows widen as they are loaded where AVX2 can.
+            let halves = matches!(ty, GgmlType::F16 | GgmlType::BF16)
+                && cfg!(target_arch = "x86_64")
+                && super::features::has_avx2();
             for j in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(n) {
                 let wrow = &w[j * row_bytes..(j + 1) * row_bytes];
-                dequantize(ty, wrow, &mut row)?;
+                if !halves {
+                    dequantize(ty, wrow, &mut row)?;
+                }
                 // Activation rows in groups the kernels keep in registers;
                 // the weight row stays in L1 between groups.
                 for g0 in (0..m).step_by(STREAMING_MAX_M) {
                     let gm = STREAMING_MAX_M.min(m - g0);
                     let ag = &a[g0 * k..(g0 + gm) * k];
+                    #[cfg(target_arch = "x86_64")]
+                    if halves {
+                        let bf16 = ty == GgmlType::BF16;
+                        multi_dot_halves(ag, wrow, bf16, k, &mut dots[..gm]);
+                    } else {
+                        multi_dot(ag, &row, k, &mut dots[..gm]);
+                    }
+                    #[cfg(not(target_arch = "x86_64"))]
                     multi_dot(ag, &row, k, &mut dots[..gm]);
                     for (i, &d) in dots[..gm].iter().enumerate() {
                         // SAFETY: g0 + i < m, j < n; only this task writes

@@ -49,7 +49,7 @@ struct Aligned {
     explicit Aligned(const std::vector<T>& v) : Aligned(v.size()) { memcpy(p, v.data(), v.size() * sizeof(T)); }
 };
 
-#define TYPES(X) X(q4_0) X(q4_1) X(q5_0) X(q5_1) X(q8_0) X(q2_k) X(q3_k) X(q4_k) X(q5_k) X(q6_k) X(iq4_nl) X(iq4_xs) X(mxfp4)
+#define TYPES(X) X(q4_0) X(q4_1) X(q5_0) X(q5_1) X(q8_0) X(q2_k) X(q3_k) X(q4_k) X(q5_k) X(q6_k) X(iq4_nl) X(iq4_xs) X(mxfp4) X(f16) X(bf16)
 
 static void quantize(const float* x, signed char* xq, float2* xd, int blocks) {
     emu_launch({(unsigned)((blocks * 32 + 255) / 256), 1}, 256, 0, [&] { quantize_q8_1(x, xq, xd, blocks); });

@@ -101,6 +101,12 @@ __device__ __forceinline__ float deq_iq4_xs(const u8* b, int i) {
 __device__ __forceinline__ float deq_mxfp4(const u8* b, int i) {
     return e8m0_half(b[0]) * level16(MX_LEVELS, nibble_at(b + 1, i));
 }
+// Whole 16-bit weights: a "block" of one value.
+__device__ __forceinline__ float deq_f16(const u8* b, int i) { return f16_at(b, 2 * i); }
+__device__ __forceinline__ float bf16_at(const u8* b, int at) {
+    return __int_as_float((int)((u32)(b[at] | (b[at + 1] << 8)) << 16));
+}
+__device__ __forceinline__ float deq_bf16(const u8* b, int i) { return bf16_at(b, 2 * i); }
 
 // Eight consecutive values starting at i (a multiple of 8) of one block:
 // the scales are decoded once per eight values. Types without a
@@ -118,6 +124,8 @@ DEQ8_GENERIC(q5_k)
 DEQ8_GENERIC(iq4_nl)
 DEQ8_GENERIC(iq4_xs)
 DEQ8_GENERIC(mxfp4)
+DEQ8_GENERIC(f16)
+DEQ8_GENERIC(bf16)
 
 __device__ __forceinline__ void deq8_q4_0(const u8* b, int i, float* o) {
     float d = f16_at(b, 0);

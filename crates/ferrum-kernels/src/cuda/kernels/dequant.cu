@@ -159,6 +159,8 @@ QUANT_KERNELS(q6_k, 256, 210)
 QUANT_KERNELS(iq4_nl, 32, 18)
 QUANT_KERNELS(iq4_xs, 256, 136)
 QUANT_KERNELS(mxfp4, 32, 17)
+QUANT_KERNELS(f16, 1, 2)
+QUANT_KERNELS(bf16, 1, 2)
 
 // Activations to bf16 for the tensor-core GEMM.
 extern "C" __global__ void to_bf16(const float* x, u16* out, int n) { GRID_LOOP(i, n) out[i] = f2bf(x[i]); }

@@ -380,6 +380,28 @@ struct IQ4_XS {
     }
 };
 
+// Whole 16-bit weights, 32 values a unit against one q8_1 block: read in
+// the dot (a pointer is all the load keeps), each value times its int8.
+template <bool BF>
+struct Half16 {
+    static const int QK = 32, BB = 64, U = 1;
+    struct W { const u8* p; };
+    static __device__ __forceinline__ W load(const u8* b, int) { return W{b}; }
+    static __device__ __forceinline__ float dot(const W& w, int, const int* x, const float2* xd) {
+        float s = 0.f;
+        for (int t = 0; t < 8; t++) {
+            int q = x[t];
+            for (int e = 0; e < 4; e++) {
+                int at = 8 * t + 2 * e;
+                s += (BF ? bf16_at(w.p, at) : f16_at(w.p, at)) * (float)(signed char)(q >> (8 * e));
+            }
+        }
+        return xd[0].x * s;
+    }
+};
+typedef Half16<false> F16;
+typedef Half16<true> BF16;
+
 // out[r, col] for MMVQ_COLS columns from col0 and rows r < m (<= R) of the
 // q8_1 activation: the block's threads share out the weight units of a row,
 // each unit's weights are loaded once for all rows, and the partial sums
@@ -483,3 +505,5 @@ MMVQ_KERNELS(q6_k, Q6_K)
 MMVQ_KERNELS(iq4_nl, IQ4_NL)
 MMVQ_KERNELS(iq4_xs, IQ4_XS)
 MMVQ_KERNELS(mxfp4, MXFP4)
+MMVQ_KERNELS(f16, F16)
+MMVQ_KERNELS(bf16, BF16)
