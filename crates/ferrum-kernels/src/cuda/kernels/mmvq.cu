@@ -389,6 +389,9 @@ struct Half16 {
     static __device__ __forceinline__ W load(const u8* b, int) { return W{b}; }
     static __device__ __forceinline__ float dot(const W& w, int, const int* x, const float2* xd) {
         float s = 0.f;
+        // Rolled: unrolled into every row and column of mmvq_rows, this
+        // loop tripled the kernels' compile time (the NVRTC test).
+#pragma unroll 1
         for (int t = 0; t < 8; t++) {
             int q = x[t];
             for (int e = 0; e < 4; e++) {
