@@ -5,9 +5,12 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Result};
 use ferrum_engine::Speculation;
 use ferrum_formats::gguf::GgufFile;
+use ferrum_formats::hf_config::HfConfig;
+use ferrum_formats::safetensors::SafeTensors;
 use ferrum_formats::sampling::RecommendedSampling;
 use ferrum_models::{registry, PagedLlm};
 use ferrum_models::{KvDtype, KvPoolConfig};
+use ferrum_server::ModelCard;
 use ferrum_tokenizer::Tokenizer;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -164,6 +167,54 @@ impl ModelFiles {
         ferrum_types::release_freed_memory();
         model
     }
+}
+
+/// What the model at `path` is (format, architecture, parameters, the
+/// weights' main type, size), from its headers: the Ollama endpoints'
+/// `details`. Best effort: what cannot be read stays empty.
+pub fn model_card(path: &Path) -> ModelCard {
+    let mut card = ModelCard {
+        modified: std::fs::metadata(path).and_then(|m| m.modified()).ok(),
+        ..ModelCard::default()
+    };
+    // Bytes by type name; the largest names the quantization.
+    let mut bytes: std::collections::BTreeMap<String, u64> = Default::default();
+    if path.is_dir() {
+        card.format = "safetensors".into();
+        if let Ok(cfg) = HfConfig::load(path.join("config.json")) {
+            card.family = cfg.model_type;
+        }
+        if let Ok(st) = SafeTensors::open_dir(path) {
+            for name in st.names() {
+                if let Some(t) = st.get(name) {
+                    card.parameters += t.numel() as u64;
+                    *bytes.entry(format!("{:?}", t.dtype)).or_default() += t.data.len() as u64;
+                }
+            }
+        }
+        card.size = std::fs::read_dir(path)
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0);
+    } else if let Ok(g) = GgufFile::open(path) {
+        card.format = "gguf".into();
+        card.family = g.architecture().unwrap_or("").to_string();
+        for t in g.tensors() {
+            card.parameters += t.numel();
+            *bytes.entry(t.ty.to_string()).or_default() += g.tensor_range(t).len() as u64;
+        }
+        card.size = std::fs::metadata(path).map_or(0, |m| m.len());
+    }
+    card.quantization = bytes
+        .into_iter()
+        .max_by_key(|b| b.1)
+        .map(|b| b.0.to_uppercase())
+        .unwrap_or_default();
+    card
 }
 
 /// KV-cache options shared by the commands that generate.

@@ -18,19 +18,20 @@ impl StopStrings {
         }
     }
 
-    /// Adds `delta`; returns the text now safe to emit and whether a stop
-    /// string was reached (the returned text then ends right before it).
-    pub fn push(&mut self, delta: &str) -> (String, bool) {
+    /// Adds `delta`; returns the text now safe to emit and the stop string
+    /// reached, if one was (the returned text then ends right before it;
+    /// of two that start there, the one listed first).
+    pub fn push(&mut self, delta: &str) -> (String, Option<String>) {
         self.held.push_str(delta);
         let first = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
-            .min();
-        if let Some(pos) = first {
-            let out = self.held[..pos].to_string();
+            .filter_map(|s| Some((self.held.find(s.as_str())?, s)))
+            .min_by_key(|m| m.0);
+        if let Some((pos, stop)) = first {
+            let (out, stop) = (self.held[..pos].to_string(), stop.clone());
             self.held.clear();
-            return (out, true);
+            return (out, Some(stop));
         }
         // Longest suffix of `held` that is a proper prefix of a stop string.
         let keep = self
@@ -44,7 +45,7 @@ impl StopStrings {
         let split = self.held.len() - keep;
         let out = self.held[..split].to_string();
         self.held.drain(..split);
-        (out, false)
+        (out, None)
     }
 
     /// Releases held text at the end of generation.
@@ -61,29 +62,35 @@ mod tests {
     fn stops_across_token_boundaries_without_leaking() {
         let mut s = StopStrings::new(["</end>".to_string(), "\n\n".to_string()]);
         let mut out = String::new();
-        let mut stopped = false;
+        let mut stopped = None;
         for piece in ["Hello", " wor", "ld</", "en", "d> tail"] {
             let (t, stop) = s.push(piece);
             out.push_str(&t);
-            if stop {
-                stopped = true;
+            if stop.is_some() {
+                stopped = stop;
                 break;
             }
         }
-        assert!(stopped);
+        assert_eq!(stopped.as_deref(), Some("</end>"));
         assert_eq!(out, "Hello world");
 
         let mut s = StopStrings::new(["ab".to_string()]);
-        assert_eq!(s.push("xa"), ("x".to_string(), false), "'a' may start 'ab'");
-        assert_eq!(s.push("c"), ("ac".to_string(), false));
-        assert_eq!(s.push("a"), (String::new(), false));
+        assert_eq!(s.push("xa"), ("x".to_string(), None), "'a' may start 'ab'");
+        assert_eq!(s.push("c"), ("ac".to_string(), None));
+        assert_eq!(s.push("a"), (String::new(), None));
         assert_eq!(s.finish(), "a");
         let mut s = StopStrings::new(["é!".to_string(), String::new()]);
-        assert_eq!(s.push("café"), ("caf".to_string(), false));
+        assert_eq!(s.push("café"), ("caf".to_string(), None));
         assert_eq!(
             s.push("!"),
-            (String::new(), true),
+            (String::new(), Some("é!".to_string())),
             "the held é belongs to the stop string"
+        );
+        let mut s = StopStrings::new(["b".to_string(), "ab".to_string(), "a".to_string()]);
+        assert_eq!(
+            s.push("xab"),
+            ("x".to_string(), Some("ab".to_string())),
+            "the earliest match wins; at one place, the first listed"
         );
     }
 }

@@ -18,13 +18,19 @@ use crate::{Ready, Shared};
 
 /// What an embedding request needs once parsed and tokenized (off the
 /// async threads, see [`crate::guard::off_reactor`]).
-struct EmbedPrep {
+pub struct EmbedPrep {
     base64: bool,
     prepared: Vec<Prepared>,
 }
 
-fn prepare_embeddings(s: &Shared, b: Result<Bytes, BytesRejection>) -> Result<EmbedPrep, ApiError> {
-    let req: EmbeddingRequest = parse(&body(b)?)?;
+/// Checks and tokenizes an embedding request (CPU work: run it through
+/// [`off_reactor`]); `truncate`: cut inputs longer than the model takes,
+/// else refuse them.
+pub fn prepare_embeddings(
+    s: &Shared,
+    req: EmbeddingRequest,
+    truncate: bool,
+) -> Result<EmbedPrep, ApiError> {
     s.check_model(req.model.as_deref())?;
     tracing::debug!(user = req.user.as_deref(), "embedding request");
     let Ready::Embed { embedder, .. } = s.ready()? else {
@@ -56,7 +62,7 @@ fn prepare_embeddings(s: &Shared, b: Result<Bytes, BytesRejection>) -> Result<Em
     }
     let inputs = embedding_inputs(&req.input)?;
     let prepared = embedder
-        .prepare(&inputs, true)
+        .prepare(&inputs, truncate)
         .map_err(|e| ApiError::invalid(e.to_string(), Some("input")))?;
     Ok(EmbedPrep { base64, prepared })
 }
@@ -66,8 +72,16 @@ pub async fn embeddings(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let shared = s.clone();
-    let EmbedPrep { base64, prepared } =
-        off_reactor(body_len(&b), move || prepare_embeddings(&shared, b)).await?;
+    let prep = off_reactor(body_len(&b), move || {
+        prepare_embeddings(&shared, parse(&body(b)?)?, true)
+    })
+    .await?;
+    Ok(Json(embed(&s, prep).await?))
+}
+
+/// Embeds a prepared request: OpenAI's `list` of `embedding` objects.
+pub async fn embed(s: &Shared, prep: EmbedPrep) -> Result<serde_json::Value, ApiError> {
+    let EmbedPrep { base64, prepared } = prep;
     let Ready::Embed { jobs, .. } = s.ready()? else {
         return Err(ApiError::invalid(
             "this server runs a generative model",
@@ -109,10 +123,10 @@ pub async fn embeddings(
         .collect();
     metrics::counter!("ferrum_embedding_inputs_total").increment(data.len() as u64);
     metrics::counter!("ferrum_prompt_tokens_total").increment(prompt_tokens as u64);
-    Ok(Json(json!({
+    Ok(json!({
         "object": "list",
         "data": data,
         "model": s.cfg.served_model_name,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-    })))
+    }))
 }

@@ -1,7 +1,9 @@
 //! `POST /v1/chat/completions` and `POST /v1/completions`, plain and
-//! streamed (server-sent events ending with `data: [DONE]`).
+//! streamed (server-sent events ending with `data: [DONE]`). The answers
+//! are built here in OpenAI's shapes; the Anthropic and Ollama endpoints
+//! prepare their requests and translate the answers through the same
+//! functions ([`prepare_chat`], [`answer_chat`]).
 
-use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -9,7 +11,6 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ferrum_engine::{FinishReason, Sampled};
@@ -20,13 +21,13 @@ use ferrum_tokenizer::chat::{ChatOptions, ChatTemplate, Message};
 use ferrum_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::error::ApiError;
 use crate::guard::{body, body_len, off_reactor};
 use crate::protocol::{
     parse, reject_unknown, ChatMessage, ChatRequest, CompletionRequest, GenParams, Prompt,
 };
+use crate::stream::{openai_sse, stream, Chunk, Item, Tally};
 use crate::structured::{self, call_id, tool_calls_json, ToolSetup};
 use crate::worker::{ChoiceDone, Event, Job};
 use crate::{now, Ready, ReasoningFormat, Shared};
@@ -193,16 +194,6 @@ async fn collect(
     Ok(out)
 }
 
-/// Token counts for `usage`.
-#[derive(Clone, Copy, Default)]
-struct Tally {
-    completion: usize,
-    /// Prompt tokens served from the prefix cache: per prompt, the most any
-    /// of its `n` choices found (each prompt is counted once in
-    /// `prompt_tokens`, so its cache hit is too).
-    cached: usize,
-}
-
 /// Counts for choices grouped `n` per prompt.
 fn tally(choices: &[Choice], n: usize) -> Tally {
     let done = |c: &Choice| c.done.as_ref().map_or((0, 0), |d| (d.tokens, d.cached));
@@ -306,7 +297,7 @@ fn fingerprint() -> String {
 /// A chat request parsed, checked, rendered and tokenized: the CPU work
 /// before it can be queued, done off the async threads (see
 /// [`crate::guard::off_reactor`]).
-struct ChatPrep {
+pub struct ChatPrep {
     p: GenParams,
     tok: Arc<Tokenizer>,
     tools: Option<ToolSetup>,
@@ -315,6 +306,13 @@ struct ChatPrep {
     /// The answer's reasoning is split out; `Some(true)` when the prompt
     /// already opened it.
     reasoning: Option<bool>,
+}
+
+impl ChatPrep {
+    /// The rendered prompt's length in tokens.
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompt.len()
+    }
 }
 
 /// Whether (and how) a chat answer's reasoning is split out.
@@ -327,8 +325,10 @@ fn reasoning(format: ReasoningFormat, template: Option<&str>, prompt: &str) -> O
     on.then(|| ReasoningParser::prompt_opens(prompt))
 }
 
-fn prepare_chat(s: &Shared, b: Result<Bytes, BytesRejection>) -> Result<ChatPrep, ApiError> {
-    let req: ChatRequest = parse(&body(b)?)?;
+/// Checks, renders and tokenizes a chat request (CPU work: run it through
+/// [`off_reactor`]). The other APIs build a [`ChatRequest`] from their own
+/// shapes and come through here too.
+pub fn prepare_chat(s: &Shared, req: ChatRequest) -> Result<ChatPrep, ApiError> {
     reject_unknown(&req.unknown)?;
     s.check_model(req.gen.model.as_deref())?;
     let p = req.gen.validate(true, &s.model_sampling())?;
@@ -381,6 +381,26 @@ pub async fn chat(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let shared = s.clone();
+    let prep = off_reactor(body_len(&b), move || {
+        prepare_chat(&shared, parse(&body(b)?)?)
+    })
+    .await?;
+    Ok(match answer_chat(&s, prep).await? {
+        Answer::Whole(v) => Json(v).into_response(),
+        Answer::Stream(items) => openai_sse(items),
+    })
+}
+
+/// An answer in OpenAI's shapes: the whole object, or its chunks as they
+/// come.
+pub enum Answer {
+    Whole(Value),
+    Stream(mpsc::UnboundedReceiver<Item>),
+}
+
+/// Generates the answer to a prepared chat request: a `chat.completion`,
+/// or (`stream`) its `chat.completion.chunk`s.
+pub async fn answer_chat(s: &Shared, prep: ChatPrep) -> Result<Answer, ApiError> {
     let ChatPrep {
         p,
         tok,
@@ -388,9 +408,9 @@ pub async fn chat(
         prompt,
         constraint,
         reasoning,
-    } = off_reactor(body_len(&b), move || prepare_chat(&shared, b)).await?;
+    } = prep;
     let prompt_tokens = prompt.len();
-    let rx = submit(&s, prompt, "messages", &p, None, None, constraint)?;
+    let rx = submit(s, prompt, "messages", &p, None, None, constraint)?;
     let id = s.request_id("chatcmpl");
     let created = now();
     let model = s.cfg.served_model_name.clone();
@@ -401,7 +421,7 @@ pub async fn chat(
         let mut reasoners: Vec<Option<ReasoningParser>> = (0..p.n)
             .map(|_| reasoning.map(ReasoningParser::new))
             .collect();
-        return Ok(stream(&s, vec![rx], p, move |kind| {
+        return Ok(Answer::Stream(stream(s, vec![rx], p, move |kind| {
             let base = |choices: Value| {
                 json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
                        "system_fingerprint": fingerprint(), "choices": choices})
@@ -497,9 +517,8 @@ pub async fn chat(
                     let lp = top
                         .filter(|_| !rest.is_empty())
                         .map(|k| chat_logprobs(&tok, rest, k));
-                    out.push(base(
-                        json!([{"index": i, "delta": {}, "logprobs": lp, "finish_reason": finish}]),
-                    ));
+                    out.push(base(json!([{"index": i, "delta": {}, "logprobs": lp,
+                                          "finish_reason": finish, "stop_reason": d.stop_string}])));
                     out
                 }
                 Chunk::Usage(t) => {
@@ -508,7 +527,7 @@ pub async fn chat(
                     vec![v]
                 }
             }
-        }));
+        })));
     }
     let choices = collect(vec![rx], p.n).await?;
     let counts = tally(&choices, p.n);
@@ -529,14 +548,15 @@ pub async fn chat(
                 &id,
                 finish_str(c.done.as_ref().map(|d| d.finish)),
             );
-            json!({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
+            let stop = c.done.as_ref().and_then(|d| d.stop_string.as_deref());
+            json!({"index": i, "message": message, "logprobs": lp, "finish_reason": finish,
+                   "stop_reason": stop})
         })
         .collect();
-    Ok(Json(json!({
+    Ok(Answer::Whole(json!({
         "id": id, "object": "chat.completion", "created": created, "model": model,
         "system_fingerprint": fingerprint(), "choices": choices, "usage": usage(prompt_tokens, counts),
-    }))
-    .into_response())
+    })))
 }
 
 /// The assistant message for `text`, with its tool calls parsed out when
@@ -616,7 +636,7 @@ fn answer_message(
 
 /// A completion request parsed, checked and tokenized, off the async
 /// threads (see [`crate::guard::off_reactor`]).
-struct CompletionPrep {
+pub struct CompletionPrep {
     p: GenParams,
     echo: bool,
     tok: Arc<Tokenizer>,
@@ -624,11 +644,16 @@ struct CompletionPrep {
     prompts: Vec<Vec<u32>>,
 }
 
-fn prepare_completion(
-    s: &Shared,
-    b: Result<Bytes, BytesRejection>,
-) -> Result<CompletionPrep, ApiError> {
-    let req: CompletionRequest = parse(&body(b)?)?;
+impl CompletionPrep {
+    /// The prompts' length in tokens, all together.
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompts.iter().map(Vec::len).sum()
+    }
+}
+
+/// Checks and tokenizes a completion request (CPU work: run it through
+/// [`off_reactor`]).
+pub fn prepare_completion(s: &Shared, req: CompletionRequest) -> Result<CompletionPrep, ApiError> {
     reject_unknown(&req.unknown)?;
     s.check_model(req.gen.model.as_deref())?;
     let p = req.gen.validate(false, &s.model_sampling())?;
@@ -684,8 +709,20 @@ pub async fn completions(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let shared = s.clone();
-    let CompletionPrep { p, echo, tok, constraint, prompts } =
-        off_reactor(body_len(&b), move || prepare_completion(&shared, b)).await?;
+    let prep = off_reactor(body_len(&b), move || {
+        prepare_completion(&shared, parse(&body(b)?)?)
+    })
+    .await?;
+    Ok(match answer_completion(&s, prep).await? {
+        Answer::Whole(v) => Json(v).into_response(),
+        Answer::Stream(items) => openai_sse(items),
+    })
+}
+
+/// Generates the answer to a prepared completion request: a
+/// `text_completion`, or (`stream`) its chunks.
+pub async fn answer_completion(s: &Shared, prep: CompletionPrep) -> Result<Answer, ApiError> {
+    let CompletionPrep { p, echo, tok, constraint, prompts } = prep;
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
     // Only `echo` needs the prompts' text back.
     let echoes: Vec<String> = if echo {
@@ -701,7 +738,7 @@ pub async fn completions(
         .into_iter()
         .map(|ids| {
             submit(
-                &s,
+                s,
                 ids,
                 "prompt",
                 &p,
@@ -715,7 +752,7 @@ pub async fn completions(
     let created = now();
     let model = s.cfg.served_model_name.clone();
     if p.stream {
-        return Ok(stream(&s, rxs, p, move |kind| {
+        return Ok(Answer::Stream(stream(s, rxs, p, move |kind| {
             let base = |choices: Value| {
                 json!({"id": id, "object": "text_completion", "created": created, "model": model,
                        "system_fingerprint": fingerprint(), "choices": choices})
@@ -727,9 +764,8 @@ pub async fn completions(
                 }
                 Chunk::End(i, d, top) => {
                     let lp = top.map(|k| completion_logprobs(&tok, &generated(&d), k, 0));
-                    base(
-                        json!([{"index": i, "text": "", "logprobs": lp, "finish_reason": finish_str(Some(d.finish))}]),
-                    )
+                    base(json!([{"index": i, "text": "", "logprobs": lp,
+                                 "finish_reason": finish_str(Some(d.finish)), "stop_reason": d.stop_string}]))
                 }
                 Chunk::Usage(t) => {
                     let mut v = base(json!([]));
@@ -738,7 +774,7 @@ pub async fn completions(
                 }
             };
             vec![v]
-        }));
+        })));
     }
     let n = p.n;
     let choices = collect(rxs, n).await?;
@@ -759,100 +795,13 @@ pub async fn completions(
                 (Some(k), Some(d)) => completion_logprobs(&tok, &generated(d), k, prefix.len()),
                 _ => Value::Null,
             };
-            json!({"index": i, "text": format!("{prefix}{}", c.text), "logprobs": lp, "finish_reason": finish_str(c.done.as_ref().map(|d| d.finish))})
+            let stop = c.done.as_ref().and_then(|d| d.stop_string.as_deref());
+            json!({"index": i, "text": format!("{prefix}{}", c.text), "logprobs": lp,
+                   "finish_reason": finish_str(c.done.as_ref().map(|d| d.finish)), "stop_reason": stop})
         })
         .collect();
-    Ok(Json(json!({
+    Ok(Answer::Whole(json!({
         "id": id, "object": "text_completion", "created": created, "model": model,
         "system_fingerprint": fingerprint(), "choices": choices, "usage": usage(prompt_tokens, counts),
-    }))
-    .into_response())
-}
-
-/// What a stream chunk carries; the endpoint turns it into its JSON.
-enum Chunk {
-    Start(usize),
-    /// Text and the log-probabilities of the tokens behind it (top-k, when
-    /// asked for).
-    Text(usize, String, Option<(usize, Vec<Sampled>)>),
-    /// Finish of a choice, with the logprobs to report (top-k) if asked.
-    End(usize, ChoiceDone, Option<usize>),
-    Usage(Tally),
-}
-
-/// Streams the events of `rxs` (in order; `n` choices each) as SSE. A
-/// client that goes away closes the channel, which drops the receivers,
-/// which makes the model thread cancel the request at its next token.
-fn stream(
-    s: &Shared,
-    rxs: Vec<mpsc::UnboundedReceiver<Event>>,
-    p: GenParams,
-    mut chunk: impl FnMut(Chunk) -> Vec<Value> + Send + 'static,
-) -> Response {
-    let (tx, out) = mpsc::unbounded_channel::<Result<SseEvent, Infallible>>();
-    let mut cut = s.cut.subscribe();
-    tokio::spawn(async move {
-        let send = |vs: Vec<Value>| {
-            vs.into_iter()
-                .all(|v| tx.send(Ok(SseEvent::default().data(v.to_string()))).is_ok())
-        };
-        let mut counts = Tally::default();
-        for (pi, mut rx) in rxs.into_iter().enumerate() {
-            let mut started = vec![false; p.n];
-            let mut cached = 0;
-            loop {
-                // The shutdown deadline passed: say so, and end the stream.
-                let ev = tokio::select! {
-                    ev = rx.recv() => ev,
-                    _ = cut.wait_for(|c| *c) => {
-                        let e = ApiError::new(
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "the server is shutting down and could not finish this request",
-                            None,
-                        );
-                        let _ = send(vec![e.body()]);
-                        return;
-                    }
-                };
-                let Some(ev) = ev else { break };
-                let ok = match ev {
-                    Event::Text { index, text, logprobs } => {
-                        let i = pi * p.n + index;
-                        let mut ok = true;
-                        if !started[index] {
-                            started[index] = true;
-                            ok = send(chunk(Chunk::Start(i)));
-                        }
-                        let lp = p.logprobs.map(|k| (k, logprobs));
-                        ok && send(chunk(Chunk::Text(i, text, lp)))
-                    }
-                    Event::Done { index, done } => {
-                        let i = pi * p.n + index;
-                        counts.completion += done.tokens;
-                        cached = cached.max(done.cached);
-                        let mut ok = true;
-                        if !started[index] {
-                            started[index] = true;
-                            ok = send(chunk(Chunk::Start(i)));
-                        }
-                        ok && send(chunk(Chunk::End(i, done, p.logprobs)))
-                    }
-                    Event::Failed(m) => {
-                        let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, m, None);
-                        let _ = send(vec![e.body()]);
-                        false
-                    }
-                };
-                if !ok {
-                    return;
-                }
-            }
-            counts.cached += cached;
-        }
-        if p.include_usage && !send(chunk(Chunk::Usage(counts))) {
-            return;
-        }
-        let _ = tx.send(Ok(SseEvent::default().data("[DONE]")));
-    });
-    Sse::new(UnboundedReceiverStream::new(out)).into_response()
+    })))
 }

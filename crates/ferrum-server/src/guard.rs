@@ -199,7 +199,7 @@ pub async fn browser(State(s): State<Shared>, req: Request, next: Next) -> Respo
         );
         h.insert(
             header::ACCESS_CONTROL_ALLOW_HEADERS,
-            HeaderValue::from_static("authorization, content-type"),
+            HeaderValue::from_static("authorization, content-type, x-api-key, anthropic-version"),
         );
         h.insert(
             header::ACCESS_CONTROL_MAX_AGE,
@@ -245,19 +245,24 @@ pub fn key_matches(keys: &[String], given: &str) -> bool {
     })
 }
 
+const X_API_KEY: header::HeaderName = header::HeaderName::from_static("x-api-key");
+
 /// With API keys set: the API (and `/metrics` when asked) needs one.
 pub async fn auth(State(s): State<Shared>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
     let protected = path.starts_with("/v1/")
+        || path.starts_with("/api/")
         || path == "/tokenize"
         || path == "/detokenize"
         || (path == "/metrics" && s.cfg.metrics_require_key);
     if protected && !s.cfg.api_keys.is_empty() {
-        let ok = bearer(req.headers()).is_some_and(|k| key_matches(&s.cfg.api_keys, k));
+        // Anthropic's clients send `x-api-key: <key>` instead.
+        let given = bearer(req.headers()).or_else(|| text(req.headers(), X_API_KEY));
+        let ok = given.is_some_and(|k| key_matches(&s.cfg.api_keys, k));
         if !ok {
             return ApiError::new(
                 StatusCode::UNAUTHORIZED,
-                "missing or wrong API key (send Authorization: Bearer <key>)",
+                "missing or wrong API key (send Authorization: Bearer <key>, or x-api-key: <key>)",
                 Some("invalid_api_key"),
             )
             .into_response();

@@ -8,6 +8,7 @@
 //! for the browser (see [`webui`]) unless turned off.
 
 mod admin;
+mod anthropic;
 mod embed_worker;
 mod embeddings;
 mod error;
@@ -15,7 +16,9 @@ mod generation;
 mod guard;
 mod line_ends;
 mod listen;
+mod ollama;
 mod protocol;
+mod stream;
 mod structured;
 mod webui;
 mod worker;
@@ -87,6 +90,38 @@ pub struct ServeConfig {
     pub lenient_tool_calls: bool,
     /// Where a chat answer's reasoning goes.
     pub reasoning_format: ReasoningFormat,
+    /// What the model is, for the Ollama endpoints' `details`.
+    pub card: ModelCard,
+}
+
+/// What a model is, as Ollama's `/api/tags`, `/api/show` and `/api/ps`
+/// describe it (read from the file's header before loading).
+#[derive(Clone, Debug, Default)]
+pub struct ModelCard {
+    /// `gguf` or `safetensors`.
+    pub format: String,
+    /// The architecture (`llama`, `qwen2`, `gemma3` ...).
+    pub family: String,
+    pub parameters: u64,
+    /// The type most of the weights' bytes are in (`Q4_K`, `BF16` ...).
+    pub quantization: String,
+    /// Bytes on disk.
+    pub size: u64,
+    pub modified: Option<SystemTime>,
+}
+
+impl ModelCard {
+    /// `135M`, `1.5B` (Ollama's `parameter_size`).
+    pub fn parameter_size(&self) -> String {
+        let n = self.parameters as f64;
+        if n >= 1e9 {
+            format!("{:.1}B", n / 1e9)
+        } else if n >= 1e6 {
+            format!("{:.0}M", n / 1e6)
+        } else {
+            format!("{}", self.parameters)
+        }
+    }
 }
 
 /// Where a thinking model's reasoning (`<think>...</think>`) goes, as
@@ -218,6 +253,16 @@ fn router(state: Shared) -> Router {
         .route("/v1/chat/completions", post(generation::chat))
         .route("/v1/completions", post(generation::completions))
         .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/embed", post(ollama::embed_api))
+        .route("/api/embeddings", post(ollama::embeddings_api))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/show", post(ollama::show))
+        .route("/api/version", get(ollama::version))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint", None) })
         .method_not_allowed_fallback(|method: Method| async move {
             ApiError::new(
@@ -236,8 +281,39 @@ fn router(state: Shared) -> Router {
             guard::browser,
         ))
         .layer(middleware::from_fn(http_metrics))
+        .layer(middleware::from_fn(api_error_shapes))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
+}
+
+/// Errors in the shape of the API a path belongs to: every layer and
+/// handler writes OpenAI's, which becomes Anthropic's on `/v1/messages`
+/// and Ollama's `{"error": "..."}` on `/api/` (so their clients raise
+/// their typed errors). Statuses and headers stay.
+async fn api_error_shapes(req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    let (anthropic, ollama) = (path.starts_with("/v1/messages"), path.starts_with("/api/"));
+    let response = next.run(req).await;
+    let status = response.status();
+    if !(anthropic || ollama) || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let message = match axum::body::to_bytes(body, 1 << 20).await {
+        Ok(b) => serde_json::from_slice::<serde_json::Value>(&b)
+            .ok()
+            .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+            .unwrap_or_else(|| String::from_utf8_lossy(&b).into_owned()),
+        Err(e) => e.to_string(),
+    };
+    let body = if anthropic {
+        anthropic::error_body(status, &message)
+    } else {
+        serde_json::json!({ "error": message })
+    }
+    .to_string();
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(body))
 }
 
 async fn http_metrics(req: Request, next: Next) -> Response {

@@ -53,6 +53,8 @@ pub struct ChoiceDone {
     pub streamed: usize,
     /// The prompt's tokens after the first, when asked for.
     pub prompt_logprobs: Vec<Sampled>,
+    /// The stop string that ended this choice, if one did.
+    pub stop_string: Option<String>,
 }
 
 /// Shared counters the HTTP side reads.
@@ -153,6 +155,7 @@ async fn forward(
                     logprobs: std::mem::take(&mut logprobs),
                     streamed,
                     prompt_logprobs: std::mem::take(&mut prompt_logprobs),
+                    stop_string: c.stop_string,
                 };
                 let _ = out.send(Event::Done { index, done });
                 return;

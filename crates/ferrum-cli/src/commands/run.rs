@@ -420,6 +420,7 @@ mod tests {
             prompt_tokens: 120,
             completion_tokens: 41,
             cached_tokens: 20,
+            stop_string: None,
         };
         assert_eq!(
             t.line(Some(&c), 0, 0),

@@ -10,7 +10,9 @@ use ferrum_engine::{Embedder, EngineConfig};
 use ferrum_models::registry::{self, Family};
 use ferrum_server::{LoadedModel, ReasoningFormat, ServeConfig};
 
-use crate::model_files::{on_device, resolve, Device, KvArgs, ModelFiles, SpecArgs, DEFAULT_MODEL};
+use crate::model_files::{
+    model_card, on_device, resolve, Device, KvArgs, ModelFiles, SpecArgs, DEFAULT_MODEL,
+};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -158,6 +160,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         },
         webui: !args.no_webui,
         lenient_tool_calls: args.tool_call_parser == ToolCallParser::Lenient,
+        card: model_card(&path),
         reasoning_format: match args.reasoning_format {
             ReasoningArg::Auto => ReasoningFormat::Auto,
             ReasoningArg::Deepseek => ReasoningFormat::Deepseek,

@@ -92,13 +92,15 @@ pub enum Event {
 }
 
 /// How a request ended, with OpenAI-style usage.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Completion {
     pub finish: FinishReason,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     /// Prompt tokens whose KV came from the prefix cache.
     pub cached_tokens: usize,
+    /// The stop string that ended generation, if one did.
+    pub stop_string: Option<String>,
 }
 
 /// Live counters the HTTP side and tests read.

@@ -131,6 +131,7 @@ impl<'t> Loop<'t> {
                 prompt_tokens: seq.prompt_len,
                 completion_tokens: 0,
                 cached_tokens: 0,
+                stop_string: None,
             }));
             return;
         }

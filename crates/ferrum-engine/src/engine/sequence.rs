@@ -191,7 +191,7 @@ impl<'t> Seq<'t> {
         let token = s.token;
         self.sampler.accept(token);
         if self.stop_tokens.contains(&token) {
-            return Some(self.finish(FinishReason::Stop, false));
+            return Some(self.finish(FinishReason::Stop, None));
         }
         if let Some(c) = &mut self.constraint {
             let tok = self.tok;
@@ -204,8 +204,8 @@ impl<'t> Seq<'t> {
         let (text, stopped) = self.stops.push(&self.decoder.push(token));
         let logprob = self.want_logprobs.then_some(s);
         let _ = self.events.send(Event::Token { token, text, logprob });
-        if stopped {
-            return Some(self.finish(FinishReason::Stop, true));
+        if stopped.is_some() {
+            return Some(self.finish(FinishReason::Stop, stopped));
         }
         // A complete grammar allows nothing more (it would only allow EOS).
         if self
@@ -213,10 +213,10 @@ impl<'t> Seq<'t> {
             .as_ref()
             .is_some_and(Constraint::is_finished)
         {
-            return Some(self.finish(FinishReason::Stop, false));
+            return Some(self.finish(FinishReason::Stop, None));
         }
         if self.generated() >= self.max_tokens || self.tokens.len() >= self.capacity {
-            return Some(self.finish(FinishReason::Length, false));
+            return Some(self.finish(FinishReason::Length, None));
         }
         None
     }
@@ -228,10 +228,11 @@ impl<'t> Seq<'t> {
             .min(self.capacity.saturating_sub(self.tokens.len()))
     }
 
-    fn finish(&mut self, reason: FinishReason, stop_string_hit: bool) -> FinishReason {
+    /// Ends the sequence; `stop_string` is the stop string that ended it.
+    fn finish(&mut self, reason: FinishReason, stop_string: Option<String>) -> FinishReason {
         // Text held back as a possible stop-string prefix is real output
         // unless a stop string actually matched.
-        if !stop_string_hit {
+        if stop_string.is_none() {
             let rest = self.stops.push(&self.decoder.finish()).0 + &self.stops.finish();
             if !rest.is_empty() {
                 let _ = self.events.send(Event::Text(rest));
@@ -249,6 +250,7 @@ impl<'t> Seq<'t> {
             prompt_tokens: self.prompt_len,
             completion_tokens: n,
             cached_tokens: self.cached_tokens,
+            stop_string,
         }));
         reason
     }
