@@ -133,3 +133,13 @@ def qwen_lenient_server():
     s = Server("--model", "qwen2.5-coder:0.5b", "--tool-call-parser", "lenient")
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def thinking_template_server():
+    """SmolLM2 with a ChatML template whose generation prompt opens `<think>` (`--chat-template`),
+    as DeepSeek-R1's does: every answer starts inside its reasoning."""
+    template = Path(__file__).resolve().parent / "data" / "chatml-think.jinja"
+    s = Server("--model", "smollm2", "--chat-template", str(template))
+    yield s
+    s.stop()

@@ -114,3 +114,22 @@ def test_x_api_key_is_an_api_key(keyed_server):
     assert m.usage.output_tokens == 4
     with pytest.raises(anthropic.AuthenticationError):
         client(keyed_server, "wrong").messages.create(model=SMOL, max_tokens=4, messages=ASK)
+
+
+def test_thinking_blocks_and_their_budget(thinking_template_server):
+    """The template (`--chat-template`) opens `<think>`, and SmolLM2 never closes it: every token
+    is reasoning, a `thinking` block. With `budget_tokens` the close is written for the model after
+    that many tokens (the same first tokens), and its answer follows as a `text` block."""
+    c = client(thinking_template_server)
+    free = c.messages.create(model=SMOL, max_tokens=24, messages=ASK, extra_body=GREEDY)
+    assert [b.type for b in free.content] == ["thinking"] and free.stop_reason == "max_tokens"
+    m = c.messages.create(model=SMOL, max_tokens=24, messages=ASK, extra_body=GREEDY,
+                          thinking={"type": "enabled", "budget_tokens": 6})
+    assert [b.type for b in m.content] == ["thinking", "text"], m.content
+    assert free.content[0].thinking.startswith(m.content[0].thinking.strip())
+    assert len(m.content[0].thinking) < len(free.content[0].thinking)
+    with c.messages.stream(model=SMOL, max_tokens=24, messages=ASK, extra_body=GREEDY,
+                           thinking={"type": "enabled", "budget_tokens": 6}) as s:
+        streamed = s.get_final_message()
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in streamed.content] == \
+        [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in m.content]

@@ -397,3 +397,18 @@ def test_reasoning_comes_back_as_reasoning_content(reasoning_server, chat_server
     assert streamed == {"reasoning_content": thought, "content": m.content}
     plain = client(chat_server).chat.completions.create(**kw).choices[0].message
     assert plain.content == f"<think>\n{thought}\n</think>\n\n{m.content}"
+
+
+def test_a_prompt_that_opens_the_reasoning_leaves_it_free(thinking_template_server):
+    """The template (`--chat-template`) ends its prompt with `<think>`: the output is reasoning
+    until `</think>`, and an output grammar applies only after it. SmolLM2 never closes the
+    reasoning, so the grammar never starts: all 12 tokens are free reasoning, where a grammar
+    applied from the first token would have ended the answer at "yes" or "no"."""
+    c = client(thinking_template_server)
+    kw = dict(model=MODEL, messages=QUESTION, max_tokens=12, temperature=0)
+    r = c.chat.completions.create(**kw)
+    m = r.choices[0].message
+    assert m.model_extra["reasoning_content"] and not m.content
+    r = c.chat.completions.create(**kw, extra_body={"guided_choice": ["yes", "no"]})
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 12
+    assert r.choices[0].message.model_extra["reasoning_content"] not in ("yes", "no")

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use ferrum_engine::Speculation;
 use ferrum_formats::gguf::GgufFile;
 use ferrum_formats::hf_config::HfConfig;
@@ -142,6 +142,18 @@ impl ModelFiles {
             Self::Gguf(g) => Tokenizer::from_gguf(g)?,
             Self::HfDir(d) => Tokenizer::from_hf_dir(d)?,
         })
+    }
+
+    /// The tokenizer, with the chat template in `template` (a Jinja file)
+    /// instead of the model's when one is given.
+    pub fn tokenizer_with(&self, template: Option<&Path>) -> Result<Tokenizer> {
+        let tok = self.tokenizer()?;
+        let Some(path) = template else {
+            return Ok(tok);
+        };
+        let src = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the chat template {}", path.display()))?;
+        Ok(tok.with_chat_template(src))
     }
 
     /// Loads the weights onto `device` with a KV pool sized by `pool`, with

@@ -2,6 +2,7 @@
 //! conditions, and the batching
 //! [`Engine`] that `ferrum run` and `ferrum serve` use.
 
+pub mod budget;
 pub mod decode_executor;
 pub mod embedding;
 pub mod engine;
@@ -9,6 +10,7 @@ pub mod finish;
 pub mod sampler;
 pub mod stop;
 
+pub use budget::ReasoningBudget;
 pub use decode_executor::GenericDecodeExecutor;
 pub use embedding::{EmbedInput, Embedder, Embedding, Prepared};
 pub use engine::{

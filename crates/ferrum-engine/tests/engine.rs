@@ -41,6 +41,7 @@ fn request(tok: &Tokenizer, text: &str, max_tokens: usize) -> Request {
         ignore_eos: false,
         prompt_logprobs: None,
         constraint: None,
+        reasoning_budget: None,
     }
 }
 
@@ -396,5 +397,38 @@ fn prompt_logprobs_match_generation_logprobs() {
     assert_eq!(scored_generated, lps[..k]);
     // The token sampled after scoring is the one greedy decoding chose.
     assert_eq!(next, [tokens[k]]);
+    wait_idle(&e);
+}
+
+/// A spent reasoning budget closes the reasoning: after `tokens` free
+/// tokens come exactly the closing tokens, then the model goes on as it
+/// would after them. (SmolLM2 never writes `</think>` itself.)
+#[test]
+fn a_spent_reasoning_budget_forces_the_close() {
+    let Some(e) = engine(KvPoolConfig::default(), serial_config()) else {
+        return;
+    };
+    let tok = e.tokenizer().clone();
+    let close = tok.encode("\n</think>\n\n", false, true).unwrap();
+    let free = collect(e.submit(request(&tok, PROMPTS[0], 12)).unwrap());
+    let mut req = request(&tok, PROMPTS[0], 12);
+    req.reasoning_budget = Some(ferrum_engine::ReasoningBudget {
+        tokens: 4,
+        close: close.clone(),
+        inside: true,
+    });
+    let budgeted = collect(e.submit(req).unwrap());
+    assert_eq!(
+        budgeted.tokens[..4],
+        free.tokens[..4],
+        "the budget's tokens are free"
+    );
+    assert_eq!(budgeted.tokens[4..4 + close.len()], close[..]);
+    assert!(budgeted.text.contains("</think>"), "{}", budgeted.text);
+    assert_eq!(
+        budgeted.tokens.len(),
+        12,
+        "generation goes on after the close"
+    );
     wait_idle(&e);
 }

@@ -203,6 +203,7 @@ fn constrained_requests_batch_and_speculate_without_changing_output() {
                 ignore_eos: false,
                 prompt_logprobs: None,
                 constraint: Some(c.clone()),
+                reasoning_budget: None,
             })
             .collect::<Vec<_>>()
     };

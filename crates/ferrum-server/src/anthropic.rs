@@ -19,7 +19,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::generation::{answer_chat, prepare_chat, Answer};
+use crate::generation::{answer_chat, prepare_chat, prepare_chat_with, Answer};
 use crate::guard::{body, body_len, off_reactor};
 use crate::protocol::{parse, reject_unknown, ChatRequest};
 use crate::stream::{sse, Item};
@@ -276,8 +276,7 @@ fn chat_request(mut req: MessagesRequest) -> Result<ChatRequest, ApiError> {
     }
     // Thinking on or off is the template's `enable_thinking` (Qwen3's
     // name); `adaptive` and `between_tools` leave the template's default.
-    // `budget_tokens` is accepted but not enforced yet: thinking ends when
-    // the model ends it, or at max_tokens.
+    // `budget_tokens` is the request's reasoning budget (`messages`).
     if let Some(t) = &req.thinking {
         match t.get("type").and_then(Value::as_str) {
             Some("enabled") => r["chat_template_kwargs"] = json!({"enable_thinking": true}),
@@ -308,6 +307,20 @@ fn chat_request(mut req: MessagesRequest) -> Result<ChatRequest, ApiError> {
         }
     }
     serde_json::from_value(r).map_err(|e| invalid(format!("invalid request: {e}")))
+}
+
+/// `thinking.budget_tokens` of an enabled `thinking`.
+fn thinking_budget(thinking: Option<&Value>) -> Result<Option<usize>, ApiError> {
+    let Some(t) = thinking.filter(|t| t["type"] == "enabled") else {
+        return Ok(None);
+    };
+    match t.get("budget_tokens") {
+        None | Some(Value::Null) => Ok(None),
+        Some(b) => b
+            .as_u64()
+            .map(|b| Some(b as usize))
+            .ok_or_else(|| invalid("thinking.budget_tokens must be a non-negative integer")),
+    }
 }
 
 /// `stop_reason` and `stop_sequence` for an OpenAI choice's
@@ -518,7 +531,8 @@ pub async fn messages(
         if req.max_tokens.is_none() {
             return Err(invalid("max_tokens: field required"));
         }
-        prepare_chat(&shared, chat_request(req)?)
+        let budget = thinking_budget(req.thinking.as_ref())?;
+        prepare_chat_with(&shared, chat_request(req)?, budget)
     })
     .await?;
     let input_tokens = prep.prompt_tokens();

@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use ferrum_engine::{FinishReason, Sampled};
+use ferrum_engine::{FinishReason, ReasoningBudget, Sampled};
 use ferrum_structured::reasoning::{Part, ReasoningParser};
 use ferrum_structured::tools::{Piece, ToolParser};
 use ferrum_structured::Constraint;
@@ -155,6 +155,7 @@ fn submit(
         ignore_eos: p.ignore_eos,
         prompt_logprobs,
         constraint,
+        reasoning_budget: p.reasoning_budget.clone(),
         events: tx,
     };
     if jobs.send(job).is_err() {
@@ -329,6 +330,16 @@ fn reasoning(format: ReasoningFormat, template: Option<&str>, prompt: &str) -> O
 /// [`off_reactor`]). The other APIs build a [`ChatRequest`] from their own
 /// shapes and come through here too.
 pub fn prepare_chat(s: &Shared, req: ChatRequest) -> Result<ChatPrep, ApiError> {
+    prepare_chat_with(s, req, None)
+}
+
+/// [`prepare_chat`] with a reasoning budget for this request (Anthropic's
+/// `thinking.budget_tokens`) over the server's `--reasoning-budget`.
+pub fn prepare_chat_with(
+    s: &Shared,
+    req: ChatRequest,
+    budget: Option<usize>,
+) -> Result<ChatPrep, ApiError> {
     reject_unknown(&req.unknown)?;
     s.check_model(req.gen.model.as_deref())?;
     let p = req.gen.validate(true, &s.model_sampling())?;
@@ -352,7 +363,6 @@ pub fn prepare_chat(s: &Shared, req: ChatRequest) -> Result<ChatPrep, ApiError> 
         tok.chat_template(),
         s.cfg.lenient_tool_calls,
     )?;
-    let constraint = structured::constraint(grammars, spec, tools.as_ref())?;
     // The template sees the tools unless tool_choice is "none".
     let shown = tools.as_ref().and(req.tools.as_ref());
     let text = render_chat(
@@ -366,6 +376,18 @@ pub fn prepare_chat(s: &Shared, req: ChatRequest) -> Result<ChatPrep, ApiError> 
         .encode(&text, false, true)
         .map_err(ApiError::from_model)?;
     let reasoning = reasoning(s.cfg.reasoning_format, tok.chat_template(), &text);
+    // A prompt that opened the reasoning leaves it free: the output format
+    // or the tool calls apply from its end.
+    let after = (reasoning == Some(true)).then_some(ReasoningParser::CLOSE);
+    let constraint = structured::constraint(grammars, spec, tools.as_ref(), after)?;
+    let mut p = p;
+    if let (Some(inside), Some(tokens)) = (reasoning, budget.or(s.cfg.reasoning_budget)) {
+        // The tokens that close the reasoning as the model writes it.
+        let close = tok
+            .encode("\n</think>\n\n", false, true)
+            .map_err(ApiError::from_model)?;
+        p.reasoning_budget = Some(ReasoningBudget { tokens, close, inside });
+    }
     Ok(ChatPrep {
         p,
         tok,
@@ -665,7 +687,8 @@ pub fn prepare_completion(s: &Shared, req: CompletionRequest) -> Result<Completi
         ));
     };
     let tok = tok.clone();
-    let constraint = structured::constraint(grammars, structured::output_spec(&req.gen)?, None)?;
+    let constraint =
+        structured::constraint(grammars, structured::output_spec(&req.gen)?, None, None)?;
     // Special-token text in a prompt (`<|im_start|>`) is that token, as in
     // llama-server and vLLM: clients that render a chat template themselves
     // send the prompt the model was trained on, not its spelling in text.

@@ -90,6 +90,9 @@ pub struct ServeConfig {
     pub lenient_tool_calls: bool,
     /// Where a chat answer's reasoning goes.
     pub reasoning_format: ReasoningFormat,
+    /// Reasoning tokens a thinking model may write before its reasoning is
+    /// closed for it (`None`: no limit).
+    pub reasoning_budget: Option<usize>,
     /// What the model is, for the Ollama endpoints' `details`.
     pub card: ModelCard,
 }

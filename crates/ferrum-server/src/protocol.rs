@@ -4,7 +4,7 @@
 //! malformed or out-of-range field becomes a 400 in OpenAI's error shape
 //! that names the field.
 
-use ferrum_engine::{EmbedInput, SamplingParams};
+use ferrum_engine::{EmbedInput, ReasoningBudget, SamplingParams};
 use ferrum_formats::sampling::RecommendedSampling;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -202,6 +202,8 @@ pub struct GenParams {
     pub stream: bool,
     pub include_usage: bool,
     pub ignore_eos: bool,
+    /// Set for chat requests to a thinking model (see `prepare_chat`).
+    pub reasoning_budget: Option<ReasoningBudget>,
 }
 
 fn range(
@@ -392,6 +394,7 @@ impl GenFields {
             logprobs,
             stream: self.stream,
             ignore_eos: self.ignore_eos,
+            reasoning_budget: None,
             include_usage: self
                 .stream_options
                 .as_ref()

@@ -143,11 +143,14 @@ pub fn tool_setup(
     }))
 }
 
-/// The request's one constraint: its output format or its tool calls.
+/// The request's one constraint: its output format or its tool calls,
+/// from the first token, or (`after`) from where the output first
+/// contains that text.
 pub fn constraint(
     grammars: &Result<Arc<Grammars>, String>,
     spec: Option<(GrammarSpec, &'static str)>,
     tools: Option<&ToolSetup>,
+    after: Option<&str>,
 ) -> Result<Option<Constraint>, ApiError> {
     if spec.is_none() && tools.is_none() {
         return Ok(None);
@@ -166,11 +169,13 @@ pub fn constraint(
             ),
             Some(field),
         )),
-        (Some((spec, field)), None) => g
-            .compile(&spec)
-            .map(Some)
-            .map_err(|e| ApiError::invalid(format!("{field}: {e}"), Some(field))),
-        (None, Some(t)) => tool_constraint(g, t.format, &t.tools, &t.choice, t.parallel)
+        (Some((spec, field)), None) => match after {
+            Some(a) => g.compile_after(a, &spec),
+            None => g.compile(&spec),
+        }
+        .map(Some)
+        .map_err(|e| ApiError::invalid(format!("{field}: {e}"), Some(field))),
+        (None, Some(t)) => tool_constraint(g, t.format, &t.tools, &t.choice, t.parallel, after)
             .map_err(|e| ApiError::invalid(e.to_string(), Some("tools"))),
         (None, None) => Ok(None),
     }

@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use ferrum_engine::{Engine, FinishReason, Request, Sampled, SamplingParams};
+use ferrum_engine::{Engine, FinishReason, ReasoningBudget, Request, Sampled, SamplingParams};
 use ferrum_structured::Constraint;
 use tokio::sync::mpsc;
 
@@ -24,6 +24,7 @@ pub struct Job {
     pub prompt_logprobs: Option<usize>,
     /// The grammar every choice's output follows (each gets its own copy).
     pub constraint: Option<Constraint>,
+    pub reasoning_budget: Option<ReasoningBudget>,
     pub events: mpsc::UnboundedSender<Event>,
 }
 
@@ -97,6 +98,7 @@ async fn run_job(engine: &Engine, job: Job) {
             ignore_eos: job.ignore_eos,
             prompt_logprobs: job.prompt_logprobs,
             constraint: job.constraint.clone(),
+            reasoning_budget: job.reasoning_budget.clone(),
         };
         match engine.submit(req) {
             Ok(rx) => streams.push(rx),

@@ -6,7 +6,6 @@
 //! `reasoning_content`.
 
 const OPEN: &str = "<think>";
-const CLOSE: &str = "</think>";
 
 /// A stretch of output.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,6 +44,9 @@ fn partial_tag(text: &str, tag: &str) -> usize {
 }
 
 impl ReasoningParser {
+    /// The text that ends the reasoning.
+    pub const CLOSE: &'static str = "</think>";
+
     /// `inside`: the prompt already opened the reasoning (DeepSeek-R1's
     /// template, and Qwen3's thinking variants, end the generation prompt
     /// with `<think>`), so the output starts in it and only `</think>`
@@ -79,9 +81,9 @@ impl ReasoningParser {
                         self.state = State::After;
                     }
                 }
-                State::Inside => match self.held.find(CLOSE) {
+                State::Inside => match self.held.find(Self::CLOSE) {
                     Some(at) => {
-                        let reasoning: String = self.held.drain(..at + CLOSE.len()).collect();
+                        let reasoning: String = self.held.drain(..at + Self::CLOSE.len()).collect();
                         let reasoning = &reasoning[..at];
                         let reasoning = if self.started {
                             reasoning.trim_end()
@@ -99,7 +101,7 @@ impl ReasoningParser {
                         }
                         // Whitespace that may end the reasoning waits for
                         // what follows it, so streamed and whole agree.
-                        let body = self.held.len() - partial_tag(&self.held, CLOSE);
+                        let body = self.held.len() - partial_tag(&self.held, Self::CLOSE);
                         let split = self.held[..body].trim_end().len();
                         if split > 0 {
                             out.push(Part::Reasoning(self.held.drain(..split).collect()));

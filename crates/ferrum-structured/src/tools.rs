@@ -152,13 +152,15 @@ pub fn parse_tool_choice(v: Option<&Value>, tools: &[Tool]) -> Result<ToolChoice
 /// The grammar that enforces calls for `choice`: `None` when nothing is
 /// enforced (`none`, or `auto` in a format without a start marker), else
 /// the constraint (for `auto`, armed once the model writes the format's
-/// start marker).
+/// start marker; for the others, once the output contains `after`, when
+/// given: the end of the reasoning a prompt opened).
 pub fn tool_constraint(
     g: &Grammars,
     format: ToolFormat,
     tools: &[Tool],
     choice: &ToolChoice,
     parallel: bool,
+    after: Option<&str>,
 ) -> Result<Option<crate::Constraint>> {
     let callable: Vec<&Tool> = match choice {
         ToolChoice::None => return Ok(None),
@@ -209,7 +211,7 @@ pub fn tool_constraint(
         ),
     };
     let spec = GrammarSpec::Lark(lark);
-    Ok(Some(match trigger {
+    Ok(Some(match trigger.or(after) {
         Some(t) => g.compile_after(t, &spec)?,
         None => g.compile(&spec)?,
     }))

@@ -30,7 +30,7 @@ fn client_tools() -> Value {
 
 /// Whether the grammar for `tools` (a call required) takes `text` whole.
 fn accepts(g: &Grammars, tools: &[Tool], choice: &ToolChoice, text: &str) -> bool {
-    let c = tool_constraint(g, ToolFormat::Llama3Json, tools, choice, false)
+    let c = tool_constraint(g, ToolFormat::Llama3Json, tools, choice, false, None)
         .unwrap()
         .unwrap();
     takes(g, c, text)

@@ -180,3 +180,41 @@ fn bad_grammars_are_errors_that_say_why() {
         assert!(e.contains(want), "{spec:?}: {e}");
     }
 }
+
+/// A reasoning model's output format applies once its reasoning ends (the
+/// prompt opened `<think>`): the thinking is free text, then only the
+/// grammar's sentences may follow `</think>`.
+#[test]
+fn a_grammar_after_the_reasoning_waits_for_its_end() {
+    let Some(tok) = tokenizer("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let g = Grammars::new(tok.clone(), tok.vocab_size()).unwrap();
+    let spec = GrammarSpec::Choice(vec!["yes".into(), "no".into()]);
+    let mut c = g.compile_after("</think>", &spec).unwrap();
+    let vocab = tok.vocab_size();
+    let allowed = |c: &mut ferrum_structured::Constraint| {
+        let mut logits = vec![0.0f32; vocab];
+        c.apply(&mut logits, &[]).unwrap();
+        logits.iter().filter(|l| l.is_finite()).count()
+    };
+    let thinking = tok
+        .encode("Maybe. It could be either </think>", false, false)
+        .unwrap();
+    for &t in &thinking {
+        assert!(!c.active());
+        assert_eq!(allowed(&mut c), vocab, "the reasoning is free text");
+        c.commit(t, || tok.token_bytes(t)).unwrap();
+    }
+    assert!(c.active(), "armed by the end of the reasoning");
+    let mut logits = vec![0.0f32; vocab];
+    c.apply(&mut logits, &[]).unwrap();
+    for (text, ok) in [("yes", true), ("no", true), ("Maybe", false), ("{", false)] {
+        let id = tok.encode(text, false, false).unwrap()[0];
+        assert_eq!(
+            logits[id as usize].is_finite(),
+            ok,
+            "{text:?} after </think>"
+        );
+    }
+}

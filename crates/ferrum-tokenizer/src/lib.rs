@@ -320,9 +320,17 @@ impl Tokenizer {
         &self.special
     }
 
-    /// The Jinja chat template shipped with the model, if any.
+    /// The Jinja chat template shipped with the model (or set in its
+    /// place), if any.
     pub fn chat_template(&self) -> Option<&str> {
         self.chat_template.as_deref()
+    }
+
+    /// The same tokenizer with `template` as its chat template (a model
+    /// whose own is missing or wrong; llama-server's `--chat-template-file`).
+    pub fn with_chat_template(mut self, template: String) -> Self {
+        self.chat_template = Some(template);
+        self
     }
 
     /// A short description, e.g. `BPE (gpt2, pre-tokenizer qwen2)`.

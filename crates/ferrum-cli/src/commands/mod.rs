@@ -1,4 +1,5 @@
-//! One module per subcommand.
+//! One module per subcommand, and `thinking` (how `run` shows a model's
+//! reasoning).
 
 pub mod bench;
 pub mod bench_serve;
@@ -8,4 +9,5 @@ pub mod inspect;
 pub mod perplexity;
 pub mod run;
 pub mod serve;
+mod thinking;
 pub mod tokenize;

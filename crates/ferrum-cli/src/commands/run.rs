@@ -1,6 +1,6 @@
 //! `ferrum run`: chat with a model, or complete one prompt.
 
-use std::io::{BufRead, Write};
+use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -13,6 +13,7 @@ use ferrum_structured::{Constraint, GrammarSpec, Grammars};
 use ferrum_tokenizer::chat::{ChatOptions, ChatTemplate, Message};
 use ferrum_tokenizer::Tokenizer;
 
+use super::thinking::ThinkingView;
 use crate::model_files::{resolve, Device, KvArgs, ModelFiles, SpecArgs, DEFAULT_MODEL};
 use ferrum_formats::sampling::RecommendedSampling as Recommended;
 
@@ -30,6 +31,10 @@ pub struct RunArgs {
     /// Wrap --prompt in the model's chat template as a user message.
     #[arg(long)]
     chat: bool,
+    /// Use the Jinja chat template in FILE instead of the model's (one
+    /// that is missing or wrong; llama-server's --chat-template-file).
+    #[arg(long, value_name = "FILE")]
+    chat_template: Option<PathBuf>,
     /// System message for chat mode.
     #[arg(long)]
     system: Option<String>,
@@ -66,6 +71,10 @@ pub struct RunArgs {
     /// takes it (a `.lark` file: llguidance's Lark syntax).
     #[arg(long, value_name = "FILE")]
     grammar: Option<PathBuf>,
+    /// Leave a thinking model's reasoning (`<think>...</think>`) out of
+    /// the answers; it is shown dimmed otherwise.
+    #[arg(long)]
+    hide_thinking: bool,
     /// After each answer, print its token counts and speeds to stderr.
     #[arg(long, short = 'v')]
     verbose: bool,
@@ -127,7 +136,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     if args.verbose {
         eprintln!("{}", describe_sampling(&sampling));
     }
-    let tok = files.tokenizer()?;
+    let tok = files.tokenizer_with(args.chat_template.as_deref())?;
     let template = match tok.chat_template() {
         Some(t) => Some(ChatTemplate::new(t)?),
         None => None,
@@ -216,9 +225,10 @@ impl Session<'_> {
             .collect()
     }
 
-    /// Streams one answer to stdout and returns its text. Earlier turns of
-    /// a chat are not recomputed: the engine's prefix cache holds them.
-    fn generate(&self, prompt: Vec<u32>) -> Result<String> {
+    /// Streams one answer to stdout (through `view`) and returns its text.
+    /// Earlier turns of a chat are not recomputed: the engine's prefix
+    /// cache holds them.
+    fn generate(&self, prompt: Vec<u32>, view: ThinkingView) -> Result<String> {
         let req = Request {
             prompt,
             max_tokens: self.args.max_tokens,
@@ -228,22 +238,23 @@ impl Session<'_> {
             ignore_eos: false,
             prompt_logprobs: None,
             constraint: self.constraint.clone(),
+            reasoning_budget: None,
         };
         self.interrupted.store(false, Ordering::SeqCst);
         self.generating.store(true, Ordering::SeqCst);
-        let result = self.stream(req);
+        let result = self.stream(req, view);
         self.generating.store(false, Ordering::SeqCst);
         result
     }
 
-    fn stream(&self, req: Request) -> Result<String> {
+    fn stream(&self, req: Request, mut view: ThinkingView) -> Result<String> {
         let start = Instant::now();
         let mut rx = self.engine.submit(req)?;
         let mut stdout = std::io::stdout();
         let mut text = String::new();
         let (mut first, mut n) = (None, 0usize);
         let mut print = |t: &str, text: &mut String| {
-            let _ = stdout.write_all(t.as_bytes());
+            let _ = stdout.write_all(view.push(t).as_bytes());
             let _ = stdout.flush();
             text.push_str(t);
         };
@@ -274,7 +285,7 @@ impl Session<'_> {
             }
         };
         // The answer's line ends before anything else is printed.
-        println!();
+        println!("{}", view.finish());
         if self.args.verbose {
             let timing = Timing {
                 ttft: first.map_or(Duration::ZERO, |f| f - start),
@@ -292,7 +303,7 @@ impl Session<'_> {
 
     fn one_shot(&self, prompt: &str) -> Result<()> {
         let ids = self.tok.encode(prompt, true, false)?;
-        self.generate(ids)?;
+        self.generate(ids, ThinkingView::new(false, prompt, false, false))?;
         Ok(())
     }
 
@@ -315,10 +326,15 @@ impl Session<'_> {
             eos_token: &eos,
             kwargs: None,
         };
-        let prompt = self
+        let rendered = template.render(conv, &opts)?;
+        let prompt = self.tok.encode(&rendered, false, true)?;
+        let thinks = self
             .tok
-            .encode(&template.render(conv, &opts)?, false, true)?;
-        let text = self.generate(prompt)?;
+            .chat_template()
+            .is_some_and(|t| t.contains("<think>"));
+        let dim = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+        let view = ThinkingView::new(thinks, &rendered, self.args.hide_thinking, dim);
+        let text = self.generate(prompt, view)?;
         conv.push(Message::new("assistant", text));
         Ok(())
     }

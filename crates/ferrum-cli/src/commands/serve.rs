@@ -24,6 +24,10 @@ pub struct ServeArgs {
     /// and completions.
     #[arg(long, default_value = DEFAULT_MODEL)]
     model: String,
+    /// Use the Jinja chat template in FILE instead of the model's (one
+    /// that is missing or wrong; llama-server's --chat-template-file).
+    #[arg(long, value_name = "FILE")]
+    chat_template: Option<PathBuf>,
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     #[arg(long, default_value_t = 8000)]
@@ -98,6 +102,13 @@ pub struct ServeArgs {
     /// it in `content` (llama-server's `--reasoning-format`).
     #[arg(long, value_enum, default_value_t = ReasoningArg::Auto)]
     reasoning_format: ReasoningArg,
+    /// Reasoning tokens a thinking model may write before its `</think>`
+    /// is written for it; 0 skips the thinking, -1 leaves it unlimited
+    /// (llama-server's `--reasoning-budget`). Anthropic requests' own
+    /// `thinking.budget_tokens` wins.
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i64).range(-1..))]
+    reasoning_budget: i64,
     #[command(flatten)]
     kv: KvArgs,
     #[command(flatten)]
@@ -161,6 +172,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         webui: !args.no_webui,
         lenient_tool_calls: args.tool_call_parser == ToolCallParser::Lenient,
         card: model_card(&path),
+        reasoning_budget: usize::try_from(args.reasoning_budget).ok(),
         reasoning_format: match args.reasoning_format {
             ReasoningArg::Auto => ReasoningFormat::Auto,
             ReasoningArg::Deepseek => ReasoningFormat::Deepseek,
@@ -178,7 +190,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             let files = ModelFiles::open(&path)?;
             Ok(LoadedModel::Llm {
                 sampling: files.recommended_sampling(),
-                tokenizer: files.tokenizer()?,
+                tokenizer: files.tokenizer_with(args.chat_template.as_deref())?,
                 model: files.load_llm(args.device, &pool)?,
                 speculation: args.spec.load(args.device, &pool)?,
             })

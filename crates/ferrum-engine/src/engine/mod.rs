@@ -20,6 +20,7 @@ use ferrum_tokenizer::Tokenizer;
 use ferrum_types::{FerrumError, Result};
 use tokio::sync::mpsc as tmpsc;
 
+use crate::budget::ReasoningBudget;
 use crate::finish::FinishReason;
 use crate::sampler::{Sampled, SamplingParams};
 pub use speculate::{Drafter, Speculation};
@@ -67,6 +68,8 @@ pub struct Request {
     /// A grammar the output must follow (structured output, tool calls):
     /// tokens it does not allow are masked before sampling.
     pub constraint: Option<Constraint>,
+    /// How long a thinking model may reason before its reasoning is closed.
+    pub reasoning_budget: Option<ReasoningBudget>,
 }
 
 /// What a request's stream carries, in order.

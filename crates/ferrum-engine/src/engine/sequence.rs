@@ -8,6 +8,7 @@ use ferrum_tokenizer::{IncrementalDecoder, Tokenizer};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::{Completion, Event, Request};
+use crate::budget::BudgetState;
 use crate::finish::FinishReason;
 use crate::sampler::{score, Sampled, Sampler};
 use crate::stop::StopStrings;
@@ -32,6 +33,8 @@ pub(super) struct Seq<'t> {
     /// The grammar the output follows, if any. Taken out while its masks
     /// are prepared beside the forward pass (see the scheduler).
     pub constraint: Option<Constraint>,
+    /// The reasoning budget's progress, when the request has one.
+    budget: Option<BudgetState>,
     tok: &'t Tokenizer,
     decoder: IncrementalDecoder<'t>,
     stops: StopStrings,
@@ -73,6 +76,7 @@ impl<'t> Seq<'t> {
             max_tokens: req.max_tokens,
             capacity,
             constraint: req.constraint,
+            budget: req.reasoning_budget.map(BudgetState::new),
             tok,
             decoder: tok.incremental_decoder(),
             stops: StopStrings::new(req.stop_strings),
@@ -145,10 +149,18 @@ impl<'t> Seq<'t> {
     /// Masks what the grammar does not allow here (before any other
     /// sampling setting looks at the logits).
     fn constrain(&mut self, logits: &mut [f32]) -> ferrum_types::Result<()> {
-        match &mut self.constraint {
-            Some(c) => c.apply(logits, &self.stop_tokens),
-            None => Ok(()),
+        if let Some(c) = &mut self.constraint {
+            c.apply(logits, &self.stop_tokens)?;
         }
+        // A spent reasoning budget: only the token that closes it.
+        if let Some(forced) = self.budget.as_ref().and_then(BudgetState::forced) {
+            for (id, l) in logits.iter_mut().enumerate() {
+                if id != forced as usize {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Ends the request with an error event (nothing follows it).
@@ -201,7 +213,11 @@ impl<'t> Seq<'t> {
         }
         self.tokens.push(token);
         metrics::counter!("ferrum_generation_tokens_total").increment(1);
-        let (text, stopped) = self.stops.push(&self.decoder.push(token));
+        let piece = self.decoder.push(token);
+        if let Some(b) = &mut self.budget {
+            b.observe(&piece);
+        }
+        let (text, stopped) = self.stops.push(&piece);
         let logprob = self.want_logprobs.then_some(s);
         let _ = self.events.send(Event::Token { token, text, logprob });
         if stopped.is_some() {
