@@ -666,7 +666,8 @@ pub async fn show(
     State(s): State<Shared>,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let req: ShowReq = parse(&body(b)?)?;
+    let len = body_len(&b);
+    let req: ShowReq = off_reactor(len, move || parse(&body(b)?)).await?;
     let model = req
         .model
         .or(req.name)
