@@ -12,7 +12,6 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
@@ -22,7 +21,7 @@ use crate::error::ApiError;
 use crate::generation::{answer_chat, prepare_chat, prepare_chat_with, Answer};
 use crate::guard::{body, body_len, off_reactor};
 use crate::protocol::{parse, reject_unknown, ChatRequest};
-use crate::stream::{sse, Item};
+use crate::stream::{named_sse, Item};
 use crate::Shared;
 
 #[derive(Deserialize)]
@@ -63,10 +62,6 @@ const NO_EFFECT: &[&str] = &[
     "cache_control",
 ];
 
-fn invalid(message: impl Into<String>) -> ApiError {
-    ApiError::invalid(message, None)
-}
-
 /// The text of a `system` prompt or a `tool_result`'s content: a string,
 /// or a list of text blocks.
 fn text_of(v: &Value, what: &str) -> Result<String, ApiError> {
@@ -78,7 +73,7 @@ fn text_of(v: &Value, what: &str) -> Result<String, ApiError> {
                 match (b.get("type").and_then(Value::as_str), b.get("text")) {
                     (Some("text"), Some(Value::String(t))) => out.push_str(t),
                     (kind, _) => {
-                        return Err(invalid(format!(
+                        return Err(ApiError::bad(format!(
                             "{what}: content blocks of type {} are not supported here (only text)",
                             kind.unwrap_or("(none)")
                         )))
@@ -88,7 +83,7 @@ fn text_of(v: &Value, what: &str) -> Result<String, ApiError> {
             Ok(out)
         }
         Value::Null => Ok(String::new()),
-        other => Err(invalid(format!(
+        other => Err(ApiError::bad(format!(
             "{what} must be a string or a list of text blocks, not {other}"
         ))),
     }
@@ -108,7 +103,7 @@ fn openai_messages(system: Option<&Value>, messages: &[Value]) -> Result<Vec<Val
     for (i, m) in messages.iter().enumerate() {
         let role = m.get("role").and_then(Value::as_str).unwrap_or("");
         if role != "user" && role != "assistant" {
-            return Err(invalid(format!(
+            return Err(ApiError::bad(format!(
                 "messages.{i}.role must be \"user\" or \"assistant\", not {:?}",
                 m.get("role").unwrap_or(&Value::Null)
             )));
@@ -120,7 +115,7 @@ fn openai_messages(system: Option<&Value>, messages: &[Value]) -> Result<Vec<Val
             }
             Some(Value::Array(b)) => b,
             _ => {
-                return Err(invalid(format!(
+                return Err(ApiError::bad(format!(
                     "messages.{i}.content must be a string or a list of content blocks"
                 )))
             }
@@ -135,7 +130,9 @@ fn openai_messages(system: Option<&Value>, messages: &[Value]) -> Result<Vec<Val
                         b.get("id").and_then(Value::as_str),
                         b.get("name").and_then(Value::as_str),
                     ) else {
-                        return Err(invalid(format!("{at}: a tool_use block needs id and name")));
+                        return Err(ApiError::bad(format!(
+                            "{at}: a tool_use block needs id and name"
+                        )));
                     };
                     let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
                     names.insert(id.to_string(), json!(name));
@@ -147,7 +144,7 @@ fn openai_messages(system: Option<&Value>, messages: &[Value]) -> Result<Vec<Val
                         .get("tool_use_id")
                         .and_then(Value::as_str)
                         .ok_or_else(|| {
-                            invalid(format!("{at}: a tool_result block needs tool_use_id"))
+                            ApiError::bad(format!("{at}: a tool_result block needs tool_use_id"))
                         })?;
                     let content = text_of(b.get("content").unwrap_or(&Value::Null), &at)?;
                     let mut msg = json!({"role": "tool", "tool_call_id": id, "content": content});
@@ -158,13 +155,13 @@ fn openai_messages(system: Option<&Value>, messages: &[Value]) -> Result<Vec<Val
                 }
                 "thinking" | "redacted_thinking" if role == "assistant" => {}
                 "image" | "document" => {
-                    return Err(invalid(format!(
+                    return Err(ApiError::bad(format!(
                         "{at}: {} content is not supported; this model reads text only",
                         b["type"].as_str().unwrap_or("")
                     )))
                 }
                 kind => {
-                    return Err(invalid(format!(
+                    return Err(ApiError::bad(format!(
                         "{at}: content blocks of type {kind:?} are not supported in {role} messages"
                     )))
                 }
@@ -193,7 +190,7 @@ fn openai_tools(tools: &[Value]) -> Result<Vec<Value>, ApiError> {
         .map(|(i, t)| {
             if let Some(kind) = t.get("type").and_then(Value::as_str) {
                 if kind != "custom" {
-                    return Err(invalid(format!(
+                    return Err(ApiError::bad(format!(
                         "tools.{i}: the {kind:?} tool is one of Anthropic's own; this server runs only tools the client defines"
                     )));
                 }
@@ -201,7 +198,7 @@ fn openai_tools(tools: &[Value]) -> Result<Vec<Value>, ApiError> {
             let name = t
                 .get("name")
                 .and_then(Value::as_str)
-                .ok_or_else(|| invalid(format!("tools.{i}.name is required")))?;
+                .ok_or_else(|| ApiError::bad(format!("tools.{i}.name is required")))?;
             // In the order OpenAI's clients write them: templates print
             // the tools as JSON, keys in order.
             let mut f = Map::new();
@@ -231,11 +228,11 @@ fn openai_tool_choice(v: &Value) -> Result<(Value, bool), ApiError> {
             let name = v
                 .get("name")
                 .and_then(Value::as_str)
-                .ok_or_else(|| invalid("tool_choice of type \"tool\" needs a name"))?;
+                .ok_or_else(|| ApiError::bad("tool_choice of type \"tool\" needs a name"))?;
             json!({"type": "function", "function": {"name": name}})
         }
         _ => {
-            return Err(invalid(
+            return Err(ApiError::bad(
                 "tool_choice.type must be one of auto, any, tool, none",
             ))
         }
@@ -283,7 +280,7 @@ fn chat_request(mut req: MessagesRequest) -> Result<ChatRequest, ApiError> {
             Some("disabled") => r["chat_template_kwargs"] = json!({"enable_thinking": false}),
             Some("adaptive" | "between_tools") => {}
             _ => {
-                return Err(invalid(
+                return Err(ApiError::bad(
                     "thinking.type must be one of enabled, disabled, adaptive, between_tools",
                 ))
             }
@@ -300,13 +297,13 @@ fn chat_request(mut req: MessagesRequest) -> Result<ChatRequest, ApiError> {
                                               "json_schema": {"name": "output", "schema": schema}});
             }
             _ => {
-                return Err(invalid(
+                return Err(ApiError::bad(
                     "output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}",
                 ))
             }
         }
     }
-    serde_json::from_value(r).map_err(|e| invalid(format!("invalid request: {e}")))
+    serde_json::from_value(r).map_err(|e| ApiError::bad(format!("invalid request: {e}")))
 }
 
 /// `thinking.budget_tokens` of an enabled `thinking`.
@@ -319,7 +316,7 @@ fn thinking_budget(thinking: Option<&Value>) -> Result<Option<usize>, ApiError> 
         Some(b) => b
             .as_u64()
             .map(|b| Some(b as usize))
-            .ok_or_else(|| invalid("thinking.budget_tokens must be a non-negative integer")),
+            .ok_or_else(|| ApiError::bad("thinking.budget_tokens must be a non-negative integer")),
     }
 }
 
@@ -529,7 +526,7 @@ pub async fn messages(
     let prep = off_reactor(body_len(&b), move || {
         let req: MessagesRequest = parse(&body(b)?)?;
         if req.max_tokens.is_none() {
-            return Err(invalid("max_tokens: field required"));
+            return Err(ApiError::bad("max_tokens: field required"));
         }
         let budget = thinking_budget(req.thinking.as_ref())?;
         prepare_chat_with(&shared, chat_request(req)?, budget)
@@ -549,12 +546,7 @@ pub async fn messages(
                 stop: ("end_turn", Value::Null),
                 usage: json!({"output_tokens": 0}),
             };
-            sse(items, move |item| {
-                let framed = events.frame(item).into_iter();
-                framed
-                    .map(|(kind, data)| SseEvent::default().event(kind).data(data.to_string()))
-                    .collect()
-            })
+            named_sse(items, move |item| events.frame(item))
         }
     })
 }

@@ -27,6 +27,11 @@ impl ApiError {
         }
     }
 
+    /// A 400 that names no field (the message does).
+    pub fn bad(message: impl Into<String>) -> Self {
+        Self::invalid(message, None)
+    }
+
     pub fn new(status: StatusCode, message: impl Into<String>, code: Option<&'static str>) -> Self {
         Self {
             status,

@@ -18,6 +18,7 @@ mod line_ends;
 mod listen;
 mod ollama;
 mod protocol;
+mod responses;
 mod stream;
 mod structured;
 mod webui;
@@ -187,6 +188,8 @@ struct AppState {
     prometheus: PrometheusHandle,
     created: u64,
     next_id: AtomicU64,
+    /// Responses kept for `previous_response_id`.
+    responses: responses::Store,
 }
 
 type Shared = Arc<AppState>;
@@ -256,6 +259,11 @@ fn router(state: Shared) -> Router {
         .route("/v1/chat/completions", post(generation::chat))
         .route("/v1/completions", post(generation::completions))
         .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/api/chat", post(ollama::chat))
@@ -361,6 +369,7 @@ pub async fn bind(cfg: ServeConfig) -> Result<Bound, String> {
         prometheus,
         created: now(),
         next_id: AtomicU64::new(0),
+        responses: responses::Store::default(),
     });
     Ok(Bound { listener, local, state })
 }

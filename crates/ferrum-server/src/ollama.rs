@@ -33,10 +33,6 @@ use crate::{Ready, Shared};
 /// `/api/version` before using tools, `think` or `format` schemas.
 const OLLAMA_VERSION: &str = "0.12.0";
 
-fn invalid(message: impl Into<String>) -> ApiError {
-    ApiError::invalid(message, None)
-}
-
 /// A request's model name, checked against the served one; Ollama's
 /// clients add `:latest` to a name without a tag.
 fn check_model(s: &Shared, model: &str) -> Result<(), ApiError> {
@@ -92,7 +88,7 @@ fn apply_options(options: Option<&Map<String, Value>>, r: &mut Value) -> Result<
                 Some(-1 | -2) => continue,
                 Some(n) if n >= 1 => "max_tokens",
                 _ => {
-                    return Err(invalid(format!(
+                    return Err(ApiError::bad(format!(
                         "options.num_predict is {v}; it must be -1, -2 or at least 1"
                     )))
                 }
@@ -102,7 +98,7 @@ fn apply_options(options: Option<&Map<String, Value>>, r: &mut Value) -> Result<
             name => match OFF_AT.iter().find(|o| o.0 == name) {
                 Some((_, off)) if v.as_f64() == Some(*off) => continue,
                 Some(_) => {
-                    return Err(invalid(format!(
+                    return Err(ApiError::bad(format!(
                         "options.{name} is not supported by this server (only its default, which turns it off)"
                     )))
                 }
@@ -130,7 +126,7 @@ fn apply_format(format: Option<&Value>, r: &mut Value) -> Result<(), ApiError> {
                 json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}})
         }
         Some(other) => {
-            return Err(invalid(format!(
+            return Err(ApiError::bad(format!(
                 "format must be \"json\" or a JSON schema object, not {other}"
             )))
         }
@@ -146,7 +142,7 @@ fn apply_think(think: Option<&Value>, r: &mut Value) -> Result<(), ApiError> {
         Some(Value::Bool(b)) => *b,
         Some(Value::String(l)) if ["low", "medium", "high"].contains(&l.as_str()) => true,
         Some(other) => {
-            return Err(invalid(format!(
+            return Err(ApiError::bad(format!(
                 "think must be true, false, \"low\", \"medium\" or \"high\", not {other}"
             )))
         }
@@ -158,9 +154,9 @@ fn apply_think(think: Option<&Value>, r: &mut Value) -> Result<(), ApiError> {
 /// Images need a vision model, which this server does not run yet.
 fn refuse_images(images: Option<&Value>, at: &str) -> Result<(), ApiError> {
     match images {
-        Some(Value::Array(a)) if !a.is_empty() => {
-            Err(invalid(format!("{at}images: this model reads text only")))
-        }
+        Some(Value::Array(a)) if !a.is_empty() => Err(ApiError::bad(format!(
+            "{at}images: this model reads text only"
+        ))),
         _ => Ok(()),
     }
 }
@@ -175,7 +171,11 @@ fn openai_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
         let content = match m.get("content") {
             None | Some(Value::Null) => "",
             Some(Value::String(s)) => s,
-            Some(_) => return Err(invalid(format!("messages[{i}].content must be a string"))),
+            Some(_) => {
+                return Err(ApiError::bad(format!(
+                    "messages[{i}].content must be a string"
+                )))
+            }
         };
         let mut msg = json!({"role": role, "content": content});
         if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
@@ -254,7 +254,7 @@ impl Common {
 }
 
 fn from_value<T: serde::de::DeserializeOwned>(r: Value) -> Result<T, ApiError> {
-    serde_json::from_value(r).map_err(|e| invalid(format!("invalid request: {e}")))
+    serde_json::from_value(r).map_err(|e| ApiError::bad(format!("invalid request: {e}")))
 }
 
 /// An instant as RFC 3339 in UTC (`2024-05-01T12:00:00.000000000Z`), as
@@ -494,7 +494,7 @@ pub async fn generate(
             ),
         ];
         if let Some((name, _)) = unsupported.iter().find(|u| u.1) {
-            return Err(invalid(format!(
+            return Err(ApiError::bad(format!(
                 "{name} is not supported by this server; send the conversation to /api/chat instead"
             )));
         }
@@ -569,8 +569,8 @@ async fn embed_vectors(
         let input = match (older, req.input, req.prompt) {
             (false, Some(i), _) => i,
             (true, _, Some(p)) => json!(p),
-            (false, None, _) => return Err(invalid("input is required")),
-            (true, _, None) => return Err(invalid("prompt is required")),
+            (false, None, _) => return Err(ApiError::bad("input is required")),
+            (true, _, None) => return Err(ApiError::bad("prompt is required")),
         };
         let r = EmbeddingRequest {
             input,
@@ -671,7 +671,7 @@ pub async fn show(
     let model = req
         .model
         .or(req.name)
-        .ok_or_else(|| invalid("model is required"))?;
+        .ok_or_else(|| ApiError::bad("model is required"))?;
     check_model(&s, &model)?;
     let c = &s.cfg.card;
     let (template, capabilities, context) = match s.ready()? {

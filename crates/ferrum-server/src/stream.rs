@@ -1,7 +1,8 @@
 //! Streamed answers: the model's events for one request become JSON
 //! chunks in OpenAI's shapes ([`stream`]), which each API then frames its
 //! own way: OpenAI's server-sent events ending in `data: [DONE]`
-//! ([`openai_sse`]), Anthropic's named events ([`sse`]), Ollama's
+//! ([`openai_sse`]), named events ([`named_sse`]: Anthropic's, and
+//! OpenAI's Responses API), Ollama's
 //! newline-delimited JSON ([`ndjson`]).
 //!
 //! The other APIs translate OpenAI's chunks rather than the model's events
@@ -156,6 +157,20 @@ pub fn sse(
     frame: impl FnMut(Item) -> Vec<SseEvent> + Send + 'static,
 ) -> Response {
     Sse::new(framed(items, frame)).into_response()
+}
+
+/// Named server-sent events (`event: <name>`, `data: <json>`), as
+/// Anthropic's API and OpenAI's Responses API send them.
+pub fn named_sse(
+    items: mpsc::UnboundedReceiver<Item>,
+    mut frame: impl FnMut(Item) -> Vec<(&'static str, Value)> + Send + 'static,
+) -> Response {
+    sse(items, move |item| {
+        let events = frame(item).into_iter();
+        events
+            .map(|(name, data)| SseEvent::default().event(name).data(data.to_string()))
+            .collect()
+    })
 }
 
 /// OpenAI's framing: each chunk (or error) as a `data:` event, then
