@@ -20,7 +20,7 @@ use serde_json::{json, Map, Value};
 use crate::error::ApiError;
 use crate::generation::{answer_chat, prepare_chat, prepare_chat_with, Answer};
 use crate::guard::{body, body_len, off_reactor};
-use crate::protocol::{parse, reject_unknown, ChatRequest};
+use crate::protocol::{function_tool, parse, reject_unknown_except, ChatRequest};
 use crate::stream::{named_sse, Item};
 use crate::Shared;
 
@@ -199,16 +199,9 @@ fn openai_tools(tools: &[Value]) -> Result<Vec<Value>, ApiError> {
                 .get("name")
                 .and_then(Value::as_str)
                 .ok_or_else(|| ApiError::bad(format!("tools.{i}.name is required")))?;
-            // In the order OpenAI's clients write them: templates print
-            // the tools as JSON, keys in order.
-            let mut f = Map::new();
-            f.insert("name".into(), json!(name));
-            if let Some(d) = t.get("description") {
-                f.insert("description".into(), d.clone());
-            }
-            let schema = t.get("input_schema").cloned();
-            f.insert("parameters".into(), schema.unwrap_or_else(|| json!({"type": "object"})));
-            Ok(json!({"type": "function", "function": f}))
+            let any_object = json!({"type": "object"});
+            let schema = t.get("input_schema").unwrap_or(&any_object);
+            Ok(function_tool(&json!(name), t.get("description"), Some(schema)))
         })
         .collect()
 }
@@ -242,8 +235,7 @@ fn openai_tool_choice(v: &Value) -> Result<(Value, bool), ApiError> {
 
 /// The equivalent OpenAI chat request.
 fn chat_request(mut req: MessagesRequest) -> Result<ChatRequest, ApiError> {
-    req.unknown.retain(|k, _| !NO_EFFECT.contains(&k.as_str()));
-    reject_unknown(&req.unknown)?;
+    reject_unknown_except(&mut req.unknown, NO_EFFECT)?;
     let mut r = json!({
         "model": req.model,
         "messages": openai_messages(req.system.as_ref(), &req.messages)?,

@@ -191,6 +191,35 @@ pub fn reject_unknown(unknown: &serde_json::Map<String, Value>) -> Result<(), Ap
     })
 }
 
+/// Like [`reject_unknown`], but fields named in `no_effect` (accepted for
+/// clients' sake, with no effect on a local server) pass.
+pub fn reject_unknown_except(
+    unknown: &mut serde_json::Map<String, Value>,
+    no_effect: &[&str],
+) -> Result<(), ApiError> {
+    unknown.retain(|k, _| !no_effect.contains(&k.as_str()));
+    reject_unknown(unknown)
+}
+
+/// A chat request's function tool, its keys in the order OpenAI's clients
+/// write them (name, description, parameters): templates print tools as
+/// JSON, keys in order, so another order is another prompt.
+pub fn function_tool(
+    name: &Value,
+    description: Option<&Value>,
+    parameters: Option<&Value>,
+) -> Value {
+    let mut f = serde_json::Map::new();
+    f.insert("name".into(), name.clone());
+    if let Some(d) = description {
+        f.insert("description".into(), d.clone());
+    }
+    if let Some(p) = parameters {
+        f.insert("parameters".into(), p.clone());
+    }
+    serde_json::json!({"type": "function", "function": f})
+}
+
 /// What generation needs from a request, validated.
 pub struct GenParams {
     pub max_tokens: Option<usize>,

@@ -25,7 +25,7 @@ use serde_json::{json, Map, Value};
 use crate::error::ApiError;
 use crate::generation::{answer_chat, prepare_chat, Answer};
 use crate::guard::{body, body_len, off_reactor};
-use crate::protocol::{parse, reject_unknown, ChatRequest};
+use crate::protocol::{function_tool, parse, reject_unknown_except, ChatRequest};
 use crate::stream::{named_sse, Item};
 use crate::{now, Shared};
 
@@ -210,15 +210,11 @@ fn chat_tools(tools: &[Value]) -> Result<Vec<Value>, ApiError> {
                     t["type"]
                 )));
             }
-            let mut f = Map::new();
-            f.insert("name".into(), t["name"].clone());
-            if let Some(d) = t.get("description") {
-                f.insert("description".into(), d.clone());
-            }
-            if let Some(p) = t.get("parameters") {
-                f.insert("parameters".into(), p.clone());
-            }
-            Ok(json!({"type": "function", "function": f}))
+            Ok(function_tool(
+                &t["name"],
+                t.get("description"),
+                t.get("parameters"),
+            ))
         })
         .collect()
 }
@@ -228,8 +224,7 @@ fn chat_request(
     s: &Shared,
     mut req: ResponsesRequest,
 ) -> Result<(ChatRequest, Vec<Value>), ApiError> {
-    req.unknown.retain(|k, _| !NO_EFFECT.contains(&k.as_str()));
-    reject_unknown(&req.unknown)?;
+    reject_unknown_except(&mut req.unknown, NO_EFFECT)?;
     let mut messages = match &req.previous_response_id {
         Some(id) => s.responses.get(id).map(|p| p.0).ok_or_else(|| {
             ApiError::new(
