@@ -138,7 +138,8 @@ def qwen_lenient_server():
 @pytest.fixture(scope="session")
 def thinking_template_server():
     """SmolLM2 with a ChatML template whose generation prompt opens `<think>` (`--chat-template`),
-    as DeepSeek-R1's does: every answer starts inside its reasoning."""
+    as DeepSeek-R1's does: every answer starts inside its reasoning. With the template argument
+    `model_opens_reasoning` it leaves `<think>` to the model, as Qwen3's does by default."""
     template = Path(__file__).resolve().parent / "data" / "chatml-think.jinja"
     s = Server("--model", "smollm2", "--chat-template", str(template))
     yield s

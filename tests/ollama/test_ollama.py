@@ -39,7 +39,8 @@ def test_chat_matches_the_openai_endpoint(chat_server):
     assert r.message.role == "assistant" and r.message.content == ref.choices[0].message.content
     assert r.done and r.done_reason == "length"
     assert (r.eval_count, r.prompt_eval_count) == (16, ref.usage.prompt_tokens)
-    assert r.total_duration >= r.eval_duration > 0
+    assert r.total_duration >= r.prompt_eval_duration + r.eval_duration
+    assert r.prompt_eval_duration > 0 and r.eval_duration > 0
 
 
 def test_chat_streams_by_default_and_ends_with_counts(chat_server):

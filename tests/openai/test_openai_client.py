@@ -399,6 +399,29 @@ def test_reasoning_comes_back_as_reasoning_content(reasoning_server, chat_server
     assert plain.content == f"<think>\n{thought}\n</think>\n\n{m.content}"
 
 
+def test_a_model_that_opens_its_own_reasoning_keeps_it_under_a_grammar(thinking_template_server):
+    """As Qwen3 by default: the prompt leaves `<think>` to the model (the template's
+    `model_opens_reasoning` switch), and a few-shot history shows it thinking first. Under a
+    grammar the model may still open its reasoning, which stays free; the grammar applies after
+    `</think>`. Applied from the first token, it would have forbidden the `<` of `<think>`."""
+    c = client(thinking_template_server)
+    shots = [
+        {"role": "user", "content": "Is the sky blue? Answer yes or no."},
+        {"role": "assistant", "content": "<think>\nThe sky looks blue in daytime.\n</think>\n\nyes"},
+        {"role": "user", "content": "Is fire cold? Answer yes or no."},
+        {"role": "assistant", "content": "<think>\nFire is hot, not cold.\n</think>\n\nno"},
+        {"role": "user", "content": "Is snow white? Answer yes or no."},
+    ]
+    kw = dict(model=MODEL, messages=shots, max_tokens=60, temperature=0)
+    free = {"chat_template_kwargs": {"model_opens_reasoning": True}}
+    m = c.chat.completions.create(**kw, extra_body=free).choices[0].message
+    assert m.model_extra["reasoning_content"], "the few-shot history makes SmolLM2 think first"
+    r = c.chat.completions.create(**kw, extra_body={**free, "guided_choice": ["yes", "no"]})
+    g = r.choices[0].message
+    assert g.content in ("yes", "no") and r.choices[0].finish_reason == "stop"
+    assert g.model_extra["reasoning_content"] == m.model_extra["reasoning_content"]
+
+
 def test_a_prompt_that_opens_the_reasoning_leaves_it_free(thinking_template_server):
     """The template (`--chat-template`) ends its prompt with `<think>`: the output is reasoning
     until `</think>`, and an output grammar applies only after it. SmolLM2 never closes the

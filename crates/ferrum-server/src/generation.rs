@@ -380,6 +380,17 @@ pub fn prepare_chat_with(
     // or the tool calls apply from its end.
     let after = (reasoning == Some(true)).then_some(ReasoningParser::CLOSE);
     let constraint = structured::constraint(grammars, spec, tools.as_ref(), after)?;
+    // A model that may open its reasoning itself (the prompt neither opened
+    // nor closed it, as Qwen3's does by default): the grammar lets that
+    // block come first and applies from its end.
+    let own_reasoning =
+        reasoning == Some(false) && !text.trim_end().ends_with(ReasoningParser::CLOSE);
+    let constraint = match (constraint, grammars) {
+        (Some(c), Ok(g)) if own_reasoning => {
+            Some(g.reasoning_first(c, ReasoningParser::OPEN, ReasoningParser::CLOSE))
+        }
+        (c, _) => c,
+    };
     let mut p = p;
     if let (Some(inside), Some(tokens)) = (reasoning, budget.or(s.cfg.reasoning_budget)) {
         // The tokens that close the reasoning as the model writes it.

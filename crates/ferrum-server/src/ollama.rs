@@ -16,6 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
@@ -243,13 +244,19 @@ impl Common {
         let model = &self.model;
         let mut r = json!({
             "model": model.strip_suffix(":latest").unwrap_or(model),
-            // Ollama streams unless told not to, and always ends with counts.
-            "stream": self.stream.unwrap_or(true),
+            // Generated as a stream even when the answer is one object
+            // ([`respond`]), which then times the prompt's processing.
+            "stream": true,
             "stream_options": {"include_usage": true},
         });
         apply_options(self.options.as_ref(), &mut r)?;
         apply_format(self.format.as_ref(), &mut r)?;
         Ok(r)
+    }
+
+    /// Ollama streams unless told not to.
+    fn streams(&self) -> bool {
+        self.stream.unwrap_or(true)
     }
 }
 
@@ -365,25 +372,6 @@ impl Lines {
         }
     }
 
-    /// A whole OpenAI answer as one object.
-    fn whole(mut self, v: &Value) -> Value {
-        self.first = Some(self.started);
-        let choice = &v["choices"][0];
-        self.note_finish(choice, &v["usage"]);
-        // A chat answer (`/api/chat`, `/api/generate` through the
-        // template) or a completion (`raw`).
-        let m = &choice["message"];
-        let content = m["content"]
-            .as_str()
-            .or(choice["text"].as_str())
-            .unwrap_or("");
-        let calls = m["tool_calls"]
-            .as_array()
-            .map_or_else(Vec::new, |c| c.iter().map(ollama_call).collect());
-        let v = self.object(content, m["reasoning_content"].as_str(), calls, true);
-        self.finish(v)
-    }
-
     /// One streamed item as objects (none for an empty piece).
     fn frame(&mut self, item: Item) -> Vec<Value> {
         match item {
@@ -434,18 +422,51 @@ fn arguments(a: &Value) -> Value {
         .unwrap_or_else(|| json!({}))
 }
 
-fn ollama_call(c: &Value) -> Value {
-    json!({"function": {"name": c["function"]["name"], "arguments": arguments(&c["function"]["arguments"])}})
-}
-
-fn respond(answer: Answer, lines: Lines) -> Response {
-    match answer {
-        Answer::Whole(v) => Json(lines.whole(&v)).into_response(),
-        Answer::Stream(items) => {
-            let mut lines = lines;
-            ndjson(items, move |item| lines.frame(item))
+/// The answer as NDJSON lines, or (`stream: false`) gathered into one
+/// object, which still reports how long the prompt took (until the first
+/// piece of the answer).
+async fn respond(answer: Answer, mut lines: Lines, stream: bool) -> Result<Response, ApiError> {
+    let Answer::Stream(mut items) = answer else {
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the answer was not streamed",
+            None,
+        ));
+    };
+    if stream {
+        return Ok(ndjson(items, move |item| lines.frame(item)));
+    }
+    let (mut content, mut thinking, mut calls) = (String::new(), String::new(), Vec::new());
+    while let Some(item) = items.recv().await {
+        match item {
+            Item::Failed(e) => return Err(e),
+            Item::End => {
+                let thought = (!thinking.is_empty()).then_some(thinking.as_str());
+                let v = lines.object(&content, thought, calls, true);
+                return Ok(Json(lines.finish(v)).into_response());
+            }
+            chunk => {
+                for o in lines.frame(chunk) {
+                    let piece = if lines.chat { &o["message"] } else { &o };
+                    let text = if lines.chat { "content" } else { "response" };
+                    content += piece[text].as_str().unwrap_or("");
+                    thinking += piece["thinking"].as_str().unwrap_or("");
+                    calls.extend(
+                        piece["tool_calls"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .cloned(),
+                    );
+                }
+            }
         }
     }
+    Err(ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "the answer ended before it was complete",
+        None,
+    ))
 }
 
 /// `POST /api/chat`.
@@ -454,7 +475,7 @@ pub async fn chat(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let shared = s.clone();
-    let (prep, model) = off_reactor(body_len(&b), move || {
+    let (prep, model, stream) = off_reactor(body_len(&b), move || {
         let req: ChatReq = parse(&body(b)?)?;
         check_model(&shared, &req.common.model)?;
         let mut r = req.common.request()?;
@@ -463,11 +484,16 @@ pub async fn chat(
             r["tools"] = t;
         }
         apply_think(req.common.think.as_ref(), &mut r)?;
-        Ok((prepare_chat(&shared, from_value(r)?)?, req.common.model))
+        let stream = req.common.streams();
+        Ok((
+            prepare_chat(&shared, from_value(r)?)?,
+            req.common.model,
+            stream,
+        ))
     })
     .await?;
     let lines = Lines::new(model, true, prep.prompt_tokens());
-    Ok(respond(answer_chat(&s, prep).await?, lines))
+    respond(answer_chat(&s, prep).await?, lines, stream).await
 }
 
 /// `POST /api/generate`: the prompt through the chat template (with
@@ -503,6 +529,7 @@ pub async fn generate(
             return Ok(None);
         }
         let mut r = req.common.request()?;
+        let stream = req.common.streams();
         if req.raw {
             r["prompt"] = json!(prompt);
             // Ollama generates until the end of the context unless told.
@@ -510,7 +537,7 @@ pub async fn generate(
                 r["max_tokens"] = json!(i64::MAX);
             }
             let prep = prepare_completion(&shared, from_value(r)?)?;
-            return Ok(Some((Err(prep), req.common.model)));
+            return Ok(Some((Err(prep), req.common.model, stream)));
         }
         let mut messages = Vec::new();
         if let Some(system) = req.system.filter(|x| !x.is_empty()) {
@@ -522,26 +549,27 @@ pub async fn generate(
         Ok(Some((
             Ok(prepare_chat(&shared, from_value(r)?)?),
             req.common.model,
+            stream,
         )))
     })
     .await?;
-    let Some((prep, model)) = prepared else {
+    let Some((prep, model, stream)) = prepared else {
         return Ok(Json(
             json!({"model": s.cfg.served_model_name, "created_at": rfc3339(SystemTime::now()),
                               "response": "", "done": true, "done_reason": "load"}),
         )
         .into_response());
     };
-    Ok(match prep {
+    match prep {
         Ok(chat) => {
             let lines = Lines::new(model, false, chat.prompt_tokens());
-            respond(answer_chat(&s, chat).await?, lines)
+            respond(answer_chat(&s, chat).await?, lines, stream).await
         }
         Err(completion) => {
             let lines = Lines::new(model, false, completion.prompt_tokens());
-            respond(answer_completion(&s, completion).await?, lines)
+            respond(answer_completion(&s, completion).await?, lines, stream).await
         }
-    })
+    }
 }
 
 #[derive(Deserialize)]
@@ -780,11 +808,8 @@ mod tests {
         assert_eq!(m[1]["name"], "add");
         let images = [json!({"role": "user", "content": "x", "images": ["aGk="]})];
         assert!(openai_messages(&images).is_err());
-        let back = ollama_call(&json!({"function": {"name": "add", "arguments": "{\"a\": 1}"}}));
-        assert_eq!(
-            back,
-            json!({"function": {"name": "add", "arguments": {"a": 1}}})
-        );
+        assert_eq!(arguments(&json!("{\"a\": 1}")), json!({"a": 1}));
+        assert_eq!(arguments(&json!("[1]")), json!({}), "only an object");
     }
 
     #[test]

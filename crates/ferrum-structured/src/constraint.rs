@@ -7,6 +7,7 @@
 //! them.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use ferrum_types::{FerrumError, Result};
 use llguidance::toktrie::{SimpleVob, TokEnv};
@@ -22,6 +23,21 @@ enum Start {
     After {
         trigger: Vec<u8>,
         seen: Vec<u8>,
+        env: TokEnv,
+    },
+    /// The model may open a reasoning block first (Qwen3 thinks unless told
+    /// not to, and its prompt does not open the block for it): at the start
+    /// the grammar's first tokens and the tokens that begin `open` are
+    /// allowed; while the output is a proper prefix of `open` only its
+    /// continuations are; once it contains `open`, this becomes
+    /// [`Start::After`] `close`. A first token the grammar allows starts
+    /// the grammar.
+    Open {
+        open: Vec<u8>,
+        close: Vec<u8>,
+        seen: Vec<u8>,
+        /// Every token whose text may continue `open` from some point in it.
+        openers: Arc<[(u32, Vec<u8>)]>,
         env: TokEnv,
     },
 }
@@ -70,24 +86,52 @@ impl Constraint {
         }
     }
 
+    /// `self`, but the output may first hold a reasoning block from `open`
+    /// to `close` (see [`Start::Open`]); `openers` are the vocabulary's
+    /// tokens that may continue `open` from some point in it. Only a constraint that starts now changes.
+    pub(crate) fn reasoning_first(
+        self,
+        open: &str,
+        close: &str,
+        openers: Arc<[(u32, Vec<u8>)]>,
+        env: TokEnv,
+    ) -> Self {
+        if !matches!(self.start, Start::Now) || openers.is_empty() {
+            return self;
+        }
+        Self {
+            start: Start::Open {
+                open: open.as_bytes().to_vec(),
+                close: close.as_bytes().to_vec(),
+                seen: Vec::new(),
+                openers,
+                env,
+            },
+            ..self
+        }
+    }
+
     /// Whether the grammar constrains the next token (a triggered one does
-    /// not until its trigger appeared).
+    /// not until its trigger appeared; one that waits on a possible
+    /// reasoning block does, to the grammar or that block).
     pub fn active(&self) -> bool {
-        matches!(self.start, Start::Now)
+        !matches!(self.start, Start::After { .. })
     }
 
     /// The grammar is complete and allows nothing more: generation ends.
     pub fn is_finished(&self) -> bool {
-        self.active() && self.matcher.is_stopped()
+        matches!(self.start, Start::Now) && self.matcher.is_stopped()
     }
 
     /// How many leading `drafts` the grammar accepts (speculative decoding
     /// verifies only those).
     pub fn valid_prefix(&mut self, drafts: &[u32]) -> usize {
-        if !self.active() {
-            return drafts.len();
+        match &self.start {
+            Start::Now => self.matcher.validate_tokens(drafts).unwrap_or(0),
+            Start::After { .. } => drafts.len(),
+            // Drafts wait until the block opened or the grammar started.
+            Start::Open { .. } => 0,
         }
-        self.matcher.validate_tokens(drafts).unwrap_or(0)
     }
 
     /// Computes the masks for the next position and, where `drafts` are
@@ -95,8 +139,17 @@ impl Constraint {
     /// accepted). Drafts must be a [`Constraint::valid_prefix`].
     pub fn prepare(&mut self, drafts: &[u32]) -> Result<()> {
         self.ready.clear();
-        if !self.active() {
-            return Ok(());
+        match &self.start {
+            Start::Now => {}
+            Start::After { .. } => return Ok(()),
+            Start::Open { seen, .. } => {
+                // The grammar's own mask matters only at the very start.
+                if seen.is_empty() {
+                    let mask = self.matcher.compute_mask_or_eos().map_err(grammar_err)?;
+                    self.ready.push_back(mask);
+                }
+                return Ok(());
+            }
         }
         let mut fed = 0;
         let out = (|| {
@@ -120,9 +173,26 @@ impl Constraint {
     /// next position. `stops` are the tokens that end generation: allowed
     /// exactly where the grammar may end.
     pub fn apply(&mut self, logits: &mut [f32], stops: &[u32]) -> Result<()> {
-        if !self.active() {
-            return Ok(());
-        }
+        let opening = match &self.start {
+            Start::Now => None,
+            Start::After { .. } => return Ok(()),
+            Start::Open { open, seen, openers, .. } => {
+                let kept: Vec<(usize, f32)> = openers
+                    .iter()
+                    .filter(|(_, b)| continues(seen, b, open))
+                    .filter_map(|&(t, _)| Some((t as usize, *logits.get(t as usize)?)))
+                    .collect();
+                if !seen.is_empty() {
+                    // Part of `open` is out: only its continuations.
+                    logits.fill(f32::NEG_INFINITY);
+                    for (i, l) in kept {
+                        logits[i] = l;
+                    }
+                    return Ok(());
+                }
+                Some(kept)
+            }
+        };
         let mask = match self.ready.pop_front() {
             Some(m) => m,
             None => self.matcher.compute_mask_or_eos().map_err(grammar_err)?,
@@ -153,7 +223,11 @@ impl Constraint {
                 *x = if may_end { l } else { f32::NEG_INFINITY };
             }
         }
-        if !may_end && mask.is_zero() {
+        let opening = opening.unwrap_or_default();
+        for &(i, l) in &opening {
+            logits[i] = l;
+        }
+        if !may_end && mask.is_zero() && opening.is_empty() {
             return Err(FerrumError::invalid(
                 "the output grammar allows no next token",
             ));
@@ -167,26 +241,59 @@ impl Constraint {
     pub fn commit(&mut self, token: u32, token_bytes: impl FnOnce() -> Vec<u8>) -> Result<()> {
         match &mut self.start {
             Start::Now => self.matcher.consume_token(token).map_err(grammar_err),
-            Start::After { trigger, seen, env } => {
+            Start::After { .. } => {
+                let bytes = token_bytes();
+                self.feed_after(&bytes)
+            }
+            Start::Open { open, close, seen, openers, env } => {
+                // A first token the grammar takes is the grammar's, even
+                // where it could begin `open` (a grammar may write the
+                // reasoning block itself).
+                let opener = openers.iter().any(|(t, _)| *t == token);
+                if seen.is_empty()
+                    && (!opener || self.matcher.validate_tokens(&[token]).unwrap_or(0) == 1)
+                {
+                    self.start = Start::Now;
+                    self.ready.clear();
+                    return self.matcher.consume_token(token).map_err(grammar_err);
+                }
                 seen.extend_from_slice(&token_bytes());
-                let Some(at) = find(seen, trigger) else {
-                    let keep = seen.len().saturating_sub(trigger.len());
-                    seen.drain(..keep);
+                if !seen.starts_with(open) {
                     return Ok(());
+                }
+                let tail = seen.split_off(open.len());
+                self.start = Start::After {
+                    trigger: std::mem::take(close),
+                    seen: Vec::new(),
+                    env: env.clone(),
                 };
-                // The grammar starts right after the trigger; what this
-                // token had past it is its first text.
-                let tail = seen[at + trigger.len()..].to_vec();
-                let toks = if tail.is_empty() {
-                    Vec::new()
-                } else {
-                    env.tokenize_bytes(&tail)
-                };
-                self.start = Start::Now;
                 self.ready.clear();
-                self.matcher.consume_tokens(&toks).map_err(grammar_err)
+                self.feed_after(&tail)
             }
         }
+    }
+
+    /// Output text while waiting for the trigger: past it, the grammar
+    /// starts, and what followed the trigger is its first text.
+    fn feed_after(&mut self, bytes: &[u8]) -> Result<()> {
+        let Start::After { trigger, seen, env } = &mut self.start else {
+            return Ok(());
+        };
+        seen.extend_from_slice(bytes);
+        let Some(at) = find(seen, trigger) else {
+            let keep = seen.len().saturating_sub(trigger.len());
+            seen.drain(..keep);
+            return Ok(());
+        };
+        let tail = seen[at + trigger.len()..].to_vec();
+        let toks = if tail.is_empty() {
+            Vec::new()
+        } else {
+            env.tokenize_bytes(&tail)
+        };
+        self.start = Start::Now;
+        self.ready.clear();
+        self.matcher.consume_tokens(&toks).map_err(grammar_err)
     }
 
     /// Forgets masks prepared for positions that were not reached (a draft
@@ -201,4 +308,12 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
         return None;
     }
     hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Whether a token with text `bytes`, after `seen`, keeps the output on its
+/// way to `open` (a prefix of it) or completes it.
+fn continues(seen: &[u8], bytes: &[u8], open: &[u8]) -> bool {
+    let mut text = seen.to_vec();
+    text.extend_from_slice(bytes);
+    open.starts_with(&text) || text.starts_with(open)
 }

@@ -5,8 +5,6 @@
 //! the API returns the answer as `content` and the reasoning as
 //! `reasoning_content`.
 
-const OPEN: &str = "<think>";
-
 /// A stretch of output.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Part {
@@ -44,6 +42,8 @@ fn partial_tag(text: &str, tag: &str) -> usize {
 }
 
 impl ReasoningParser {
+    /// The text that opens the reasoning.
+    pub const OPEN: &'static str = "<think>";
     /// The text that ends the reasoning.
     pub const CLOSE: &'static str = "</think>";
 
@@ -61,7 +61,7 @@ impl ReasoningParser {
 
     /// Whether a rendered prompt opened the reasoning for the model.
     pub fn prompt_opens(prompt: &str) -> bool {
-        prompt.trim_end().ends_with(OPEN)
+        prompt.trim_end().ends_with(Self::OPEN)
     }
 
     /// Adds streamed text; returns what can be released now.
@@ -72,10 +72,10 @@ impl ReasoningParser {
             match self.state {
                 State::Before => {
                     let t = self.held.trim_start();
-                    if let Some(rest) = t.strip_prefix(OPEN) {
+                    if let Some(rest) = t.strip_prefix(Self::OPEN) {
                         self.held = rest.to_string();
                         self.state = State::Inside;
-                    } else if OPEN.starts_with(t) {
+                    } else if Self::OPEN.starts_with(t) {
                         return out;
                     } else {
                         self.state = State::After;

@@ -128,6 +128,28 @@ impl Grammars {
         ))
     }
 
+    /// `c`, but the output may first hold a reasoning block from `open` to
+    /// `close`, which the grammar does not see: for a model that opens its
+    /// reasoning itself where its prompt does not (Qwen3's default mode).
+    pub fn reasoning_first(&self, c: Constraint, open: &str, close: &str) -> Constraint {
+        let env = self.factory.tok_env().clone();
+        let trie = env.tok_trie();
+        let openers: Arc<[(u32, Vec<u8>)]> = (0..trie.vocab_size() as u32)
+            .filter_map(|t| {
+                let b = trie.token(t);
+                let b = b
+                    .strip_prefix(&[TokTrie::SPECIAL_TOKEN_MARKER])
+                    .unwrap_or(b);
+                // Whatever part of `open` is out already, `b` continues it.
+                let o = open.as_bytes();
+                let fits = !b.is_empty()
+                    && (0..o.len()).any(|k| o[k..].starts_with(b) || b.starts_with(&o[k..]));
+                fits.then(|| (t, b.to_vec()))
+            })
+            .collect();
+        c.reasoning_first(open, close, openers, env)
+    }
+
     fn matcher(&self, grammar: TopLevelGrammar) -> Result<Matcher> {
         let parser = self
             .factory

@@ -218,3 +218,76 @@ fn a_grammar_after_the_reasoning_waits_for_its_end() {
         );
     }
 }
+
+/// A model that may open its reasoning itself (Qwen3's default): at the
+/// start both the grammar and `<think>` may come; once `<think>` begins only
+/// it may continue; the reasoning is free; the grammar applies after
+/// `</think>`. Without a reasoning block the grammar applies at once.
+#[test]
+fn a_grammar_lets_the_model_open_its_reasoning_first() {
+    let Some(tok) = tokenizer("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let g = Grammars::new(tok.clone(), tok.vocab_size()).unwrap();
+    let spec = GrammarSpec::Choice(vec!["yes".into(), "no".into()]);
+    let fresh = || g.reasoning_first(g.compile(&spec).unwrap(), "<think>", "</think>");
+    let vocab = tok.vocab_size();
+    let first = |text: &str| tok.encode(text, false, false).unwrap()[0];
+    let allows = |c: &mut ferrum_structured::Constraint, text: &str| {
+        let mut logits = vec![0.0f32; vocab];
+        c.apply(&mut logits, &[]).unwrap();
+        logits[first(text) as usize].is_finite()
+    };
+    let commit_text = |c: &mut ferrum_structured::Constraint, text: &str| {
+        for t in tok.encode(text, false, false).unwrap() {
+            c.commit(t, || tok.token_bytes(t)).unwrap();
+        }
+    };
+
+    let mut c = fresh();
+    for (text, ok) in [
+        ("yes", true),
+        ("no", true),
+        ("<think>", true),
+        ("Maybe", false),
+    ] {
+        assert_eq!(allows(&mut c, text), ok, "{text:?} at the start");
+    }
+    let open = tok.encode("<think>", false, false).unwrap();
+    assert!(open.len() > 1, "SmolLM2 writes <think> in pieces");
+    c.commit(open[0], || tok.token_bytes(open[0])).unwrap();
+    let mut logits = vec![0.0f32; vocab];
+    c.apply(&mut logits, &[]).unwrap();
+    assert!(logits[open[1] as usize].is_finite(), "<think> goes on");
+    for text in ["yes", "no", "Maybe"] {
+        assert!(
+            !logits[first(text) as usize].is_finite(),
+            "{text:?} inside <think>"
+        );
+    }
+    for &t in &open[1..] {
+        c.commit(t, || tok.token_bytes(t)).unwrap();
+    }
+    assert!(!c.active(), "the reasoning is free");
+    commit_text(&mut c, "Maybe. Could be either.");
+    assert!(!c.active());
+    commit_text(&mut c, "</think>");
+    assert!(c.active(), "armed by the end of the reasoning");
+    for (text, ok) in [
+        ("yes", true),
+        ("no", true),
+        ("Maybe", false),
+        ("<think>", false),
+    ] {
+        assert_eq!(allows(&mut c, text), ok, "{text:?} after </think>");
+    }
+
+    // No reasoning: the grammar from the first token on.
+    let mut c = fresh();
+    commit_text(&mut c, "yes");
+    let mut logits = vec![0.0f32; vocab];
+    c.apply(&mut logits, &[]).unwrap();
+    let allowed: Vec<usize> = (0..vocab).filter(|&i| logits[i].is_finite()).collect();
+    assert_eq!(allowed, [g.eos() as usize], "only the end after \"yes\"");
+    assert!(c.is_finished());
+}
