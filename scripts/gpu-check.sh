@@ -27,8 +27,8 @@ prep() {
     while read -r t; do strip -o ".gpu/bin/$(basename "$t" | sed 's/-[0-9a-f]*$//')" "$t"; done
   cargo build --release -p ferrum-cli --features cuda
   strip -o .gpu/bin/ferrum target/release/ferrum
-  local shared=${FERRUM_SHARED:-../shared}
-  cp -r "$shared/fixtures/hf-tiny" .gpu/hf-tiny # ../shared does not travel
+  # One folder for the test binaries, whose build paths do not exist there.
+  cp -r fixtures/hf-tiny .gpu/hf-tiny
   cp -r crates/ferrum-models/tests/data/hf-tiny/. .gpu/hf-tiny/ # and the crate's own
   # The quantized checkpoints (GPTQ, AWQ, FP8, compressed-tensors) of the
   # hf-tiny llama, as .ci/run makes them (qwen3's too would pass 60 MB).
@@ -36,7 +36,7 @@ prep() {
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check "gguf>=0.10" "safetensors>=0.4" "numpy>=1.24" \
     "ml_dtypes>=0.4" nvidia-cuda-nvrtc
-  "$venv/bin/python" scripts/make_quant_fixtures.py "$shared/fixtures/hf-tiny/llama" .gpu/quant >/dev/null
+  "$venv/bin/python" scripts/make_quant_fixtures.py fixtures/hf-tiny/llama .gpu/quant >/dev/null
   rm -rf .gpu/quant-bad
   # The kernels for Hopper (sm_90: H100, H200), the default and each
   # variant, compiled here by NVRTC's wheel: the GPU machine loads them as

@@ -1,4 +1,4 @@
-"""Converts a small Hugging Face folder (an `../shared/fixtures/hf-tiny`
+"""Converts a small Hugging Face folder (an `fixtures/hf-tiny`
 checkpoint: llama, mixtral, qwen2, qwen3_moe, phi3, gemma2, deepseek_v2/v3) into an f32 GGUF file
 the way llama.cpp's `convert_hf_to_gguf.py` (and its `conversion/` modules)
 do: their metadata keys and tensor names, Q/K rows permuted to ggml's RoPE

@@ -9,7 +9,7 @@ format the package does not dequantize) is computed here from its layout:
 f32 d, int8 qs[256], int16 bsums[16] -> d * qs.
 
     python3 -m venv /tmp/gg && /tmp/gg/bin/pip install gguf numpy
-    ../shared/models/fetch.sh smollm2 qwen0.5b gemma3
+    scripts/fetch-models.sh smollm2 qwen0.5b gemma3
     /tmp/gg/bin/python scripts/make_dequant_fixtures.py [MODELS_DIR]
 """
 import base64, json, os, sys
@@ -34,7 +34,7 @@ real = {}
 for f in files:
     path = os.path.join(models, f)
     if not os.path.exists(path):
-        sys.exit(f"missing {path}: run ../shared/models/fetch.sh first")
+        sys.exit(f"missing {path}: run scripts/fetch-models.sh first")
     for t in gguf.GGUFReader(path).tensors:
         name = t.tensor_type.name
         if name not in real:

@@ -9,7 +9,7 @@ their two best scores).
 
 Run in a venv with torch and transformers 5.24 (the version the shared
 fixtures' newest rows were made with). It reuses `make_hf_tiny.py` from
-`$FERRUM_SHARED/fixtures` (default `../shared/fixtures`): same seed, same
+`fixtures/` (this repository's copy): same seed, same
 weight distributions, same `reference.json` layout and the same checks
 (reload is bit-identical, `generate()` equals a cache-free greedy loop).
 OUT_DIR defaults to `crates/ferrum-models/tests/data/hf-tiny`; the output
@@ -21,8 +21,7 @@ import sys
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SHARED = os.environ.get("FERRUM_SHARED", os.path.join(HERE, "..", "..", "shared"))
-sys.path.insert(0, os.path.join(SHARED, "fixtures"))
+sys.path.insert(0, os.path.join(HERE, "..", "fixtures"))
 
 import make_hf_tiny as base  # noqa: E402
 from transformers import (  # noqa: E402

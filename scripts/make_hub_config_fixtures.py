@@ -8,7 +8,7 @@ misread before (issue 60) each get one.
 
 Run in a venv with torch and transformers 5.24. Each model is built from a
 transformers-5 config with `make_hf_tiny.py`'s seed and weight
-distributions (from `$FERRUM_SHARED/fixtures`, default `../shared/fixtures`)
+distributions (from `fixtures/`)
 and saved; then its config.json is replaced by the Hub-style text, the
 folder is reloaded, and the reloaded model must give bit-identical logits
 (so transformers reads the Hub text as the config it was built from);
@@ -23,8 +23,7 @@ import sys
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SHARED = os.environ.get("FERRUM_SHARED", os.path.join(HERE, "..", "..", "shared"))
-sys.path.insert(0, os.path.join(SHARED, "fixtures"))
+sys.path.insert(0, os.path.join(HERE, "..", "fixtures"))
 
 import make_hf_tiny as base  # noqa: E402
 from transformers import (  # noqa: E402

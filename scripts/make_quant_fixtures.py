@@ -1,4 +1,4 @@
-"""Quantizes `../shared/fixtures/hf-tiny` checkpoints into the formats vLLM
+"""Quantizes `fixtures/hf-tiny` checkpoints into the formats vLLM
 users download (GPTQ v1/v2 4- and 8-bit with and without act-order, AWQ's
 GEMM layout, FP8 with per-tensor / per-channel / block scales, and
 compressed-tensors pack-quantized and float-quantized), with the packing

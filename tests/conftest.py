@@ -2,7 +2,7 @@
 official OpenAI client (tests/openai) and the browser chat page (tests/webui).
 
 FERRUM_BIN names the binary (default: target/release/ferrum); models come
-from the Ferrum cache (`../shared/models/fetch.sh smollm2 minilm`).
+from the Ferrum cache (`scripts/fetch-models.sh smollm2 minilm`).
 """
 import os
 import re

@@ -317,7 +317,7 @@ def test_model_file_truncated_while_serving(tmp_path):
     src = Path(os.environ.get("FERRUM_MODELS", Path.home() / ".cache/ferrum/models")) / \
         "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not src.exists():
-        pytest.skip(f"{src} not found (../shared/models/fetch.sh smollm2)")
+        pytest.skip(f"{src} not found (scripts/fetch-models.sh smollm2)")
     body = {"model": "m.gguf", "prompt": "Hello", "max_tokens": 2}
     for no_mmap in [False, True]:
         model = tmp_path / f"{no_mmap}" / "m.gguf"

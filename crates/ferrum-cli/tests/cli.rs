@@ -18,7 +18,7 @@ fn model(name: &str) -> Option<String> {
         Some(p.to_string_lossy().into_owned())
     } else {
         eprintln!(
-            "skipping: {} not found (run ../shared/models/fetch.sh)",
+            "skipping: {} not found (run scripts/fetch-models.sh)",
             p.display()
         );
         None

@@ -13,8 +13,7 @@ use ferrum_types::{DecodeBackend, TensorRef};
 
 #[test]
 fn prefill_hand_off_then_decode_matches_transformers() {
-    let dir =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/hf-tiny/qwen3");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hf-tiny/qwen3");
     if !dir.is_dir() {
         eprintln!("skipping: {} not found", dir.display());
         return;
@@ -49,8 +48,7 @@ fn prefill_hand_off_then_decode_matches_transformers() {
 
 #[test]
 fn bad_hand_offs_are_errors() {
-    let dir =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/hf-tiny/llama");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hf-tiny/llama");
     if !dir.is_dir() {
         return;
     }

@@ -1,5 +1,5 @@
 //! all-MiniLM-L6-v2 end to end (skipped when the model is not in the cache:
-//! `../shared/models/fetch.sh minilm`). The encoder's arithmetic is checked
+//! `scripts/fetch-models.sh minilm`). The encoder's arithmetic is checked
 //! against transformers in ferrum-models' `bert_fixture`; this checks the
 //! pipeline around it: tokenizer, truncation, pooling and normalisation
 //! read from the sentence-transformers files, and that the vectors mean

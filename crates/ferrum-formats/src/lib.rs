@@ -31,7 +31,7 @@ pub fn cached_model(file: &str) -> Option<std::path::PathBuf> {
         return Some(path);
     }
     eprintln!(
-        "skipping: {} not found (run ../shared/models/fetch.sh)",
+        "skipping: {} not found (run scripts/fetch-models.sh)",
         path.display()
     );
     None

@@ -256,7 +256,7 @@ fn model(name: &str) -> Option<PathBuf> {
         Some(p)
     } else {
         eprintln!(
-            "skipping: {} not found (run ../shared/models/fetch.sh)",
+            "skipping: {} not found (run scripts/fetch-models.sh)",
             p.display()
         );
         None

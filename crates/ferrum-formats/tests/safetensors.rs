@@ -10,7 +10,7 @@ use ferrum_formats::hf_config::HfConfig;
 use ferrum_formats::safetensors::{Dtype, SafeTensors};
 
 fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/hf-tiny")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hf-tiny")
 }
 
 /// Writes a safetensors file with the given `(name, dtype, shape, bytes)`.

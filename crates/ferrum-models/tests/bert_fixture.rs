@@ -1,5 +1,5 @@
 //! The BERT encoder against Hugging Face transformers on
-//! `../shared/fixtures/hf-tiny/bert`: a batch of two, the second padded
+//! `fixtures/hf-tiny/bert`: a batch of two, the second padded
 //! (7 real tokens + 5 pads), with token-type ids. We feed each sequence
 //! without its padding, which is what the attention mask makes transformers
 //! compute, and compare the real positions' last hidden state, the
@@ -43,8 +43,7 @@ fn max_diff(a: &[f32], b: &[f64]) -> f32 {
 
 #[test]
 fn bert_matches_transformers() {
-    let dir =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/hf-tiny/bert");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hf-tiny/bert");
     if !dir.is_dir() {
         eprintln!("skipping: {} not found", dir.display());
         return;
@@ -112,8 +111,7 @@ fn bert_matches_transformers() {
 
 #[test]
 fn bert_rejects_bad_inputs() {
-    let dir =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/hf-tiny/bert");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hf-tiny/bert");
     if !dir.is_dir() {
         return;
     }
@@ -151,8 +149,7 @@ fn pooling_modes() {
 /// family's own loader does, and a decoder folder is refused by name.
 #[test]
 fn encoders_load_through_the_registry() {
-    let fixtures =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/hf-tiny");
+    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hf-tiny");
     if !fixtures.join("bert").is_dir() {
         return;
     }

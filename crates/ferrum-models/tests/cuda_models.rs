@@ -2,7 +2,7 @@
 //! every causal fixture in `hf-tiny` (transformers' tiny checkpoints): the
 //! prompt's last logits within normalized MSE 5e-4 of the CPU's, and the
 //! 16 greedy tokens transformers produced. Skips where no GPU is found.
-//! `FERRUM_HF_TINY` points at the fixtures when `../shared` is elsewhere.
+//! `FERRUM_HF_TINY` points at the fixtures where the checkout is not (the GPU machine).
 //! Run with `--test-threads=1` on a GPU (as `scripts/gpu-check.sh` does):
 //! tests share the device's one stream, and a step being captured into a
 //! graph would take in another test's launches.
@@ -21,7 +21,7 @@ mod common;
 
 fn fixtures() -> PathBuf {
     std::env::var_os("FERRUM_HF_TINY").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/hf-tiny"),
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hf-tiny"),
         PathBuf::from,
     )
 }

@@ -37,11 +37,6 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// `../shared` beside the checkout, or where `FERRUM_SHARED` points.
-fn shared() -> PathBuf {
-    std::env::var_os("FERRUM_SHARED").map_or_else(|| root().join("../shared"), PathBuf::from)
-}
-
 fn json(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
@@ -123,7 +118,7 @@ fn hf_fixture(name: &str) -> PathBuf {
     if own.is_dir() {
         own
     } else {
-        shared().join("fixtures/hf-tiny").join(name)
+        root().join("fixtures/hf-tiny").join(name)
     }
 }
 

@@ -1,4 +1,4 @@
-//! Every Llama-family fixture in `../shared/fixtures/hf-tiny` (and those in
+//! Every Llama-family fixture in `fixtures/hf-tiny` (and those in
 //! `tests/data/hf-tiny` made the same way: YaRN, DeepSeek-V2-Lite and
 //! DeepSeek-V3 by `scripts/make_extra_fixtures.py`; configs written as the
 //! Hub ships them by `scripts/make_hub_config_fixtures.py`) against the
@@ -59,9 +59,7 @@ fn fixture(name: &str) -> Option<(PathBuf, Value)> {
     let dir = if own.is_dir() {
         own
     } else {
-        crate_dir
-            .join("../../../shared/fixtures/hf-tiny")
-            .join(name)
+        crate_dir.join("../../fixtures/hf-tiny").join(name)
     };
     if !dir.is_dir() {
         eprintln!("skipping: {} not found", dir.display());
@@ -338,8 +336,7 @@ fn bad_requests_are_errors_not_panics() {
     assert!(err.to_string().contains("outside a pool"), "{err}");
     model.forward_paged(&[item(&[0])], &mut logits).unwrap();
     assert_eq!(logits.len(), model.config().vocab_size);
-    let moe =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/hf-tiny/bert");
+    let moe = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/hf-tiny/bert");
     let err = LlamaModel::<CpuBackend>::from_hf_dir(&moe)
         .err()
         .unwrap()

@@ -18,7 +18,7 @@ fn fetched(name: &str) -> Option<PathBuf> {
         Some(p)
     } else {
         eprintln!(
-            "skipping: {} not found (run ../shared/models/fetch.sh)",
+            "skipping: {} not found (run scripts/fetch-models.sh)",
             p.display()
         );
         None

@@ -39,7 +39,7 @@ fn main() {
         .to_string()
     });
     if !std::path::Path::new(&model).exists() {
-        eprintln!("skipping: {model} not found (run ../shared/models/fetch.sh)");
+        eprintln!("skipping: {model} not found (run scripts/fetch-models.sh)");
         return;
     }
     let g = GgufFile::open(&model).unwrap();

@@ -19,7 +19,7 @@ fn fetched(rel: &str) -> Option<PathBuf> {
         Some(p)
     } else {
         eprintln!(
-            "skipping: {} not found (run ../shared/models/fetch.sh)",
+            "skipping: {} not found (run scripts/fetch-models.sh)",
             p.display()
         );
         None

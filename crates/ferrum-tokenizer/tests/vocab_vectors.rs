@@ -17,7 +17,7 @@ fn vocab_dir() -> Option<PathBuf> {
         Some(dir)
     } else {
         eprintln!(
-            "skipping: {} not found (run ../shared/models/fetch.sh vocab)",
+            "skipping: {} not found (run scripts/fetch-models.sh vocab)",
             dir.display()
         );
         None
