@@ -56,15 +56,20 @@ fi
 MODELS=${FERRUM_MODELS:-$HOME/.cache/ferrum/models}
 MODEL=$MODELS/gemma-3-270m-q4_k_m.gguf
 TEXT=/usr/share/common-licenses/GPL-3
+IDS=target/arm-digest-ids.json
 native=
 if [ -f "$MODEL" ] && [ -f "$TEXT" ]; then
-  # `cargo test --workspace` builds the native one; build it where it has not.
+  # `cargo test --workspace` builds the native digest and CLI; build them
+  # where it has not. The CLI tokenizes the text here, so the Arm build
+  # needs no tokenizer.
   NATIVE=target/debug/examples/logits_digest
   [ -x "$NATIVE" ] || cargo build -q -p ferrum-models --example logits_digest
-  native=$("$NATIVE" "$MODEL" "$TEXT")
+  [ -x target/debug/ferrum ] || cargo build -q -p ferrum-cli
+  target/debug/ferrum tokenize --model "$MODEL" --json --add-special -- "$(cat "$TEXT")" | tail -1 >"$IDS"
+  native=$("$NATIVE" "$MODEL" "$IDS")
   echo "native: $native"
 else
-  echo "the logits check is skipped: $MODEL or $TEXT is missing (fetch.sh gemma3)"
+  echo "the logits check is skipped: $MODEL or $TEXT is missing (scripts/fetch-models.sh gemma3)"
 fi
 
 kernel_tests() {
@@ -86,7 +91,7 @@ kernel_tests() {
 digest() {
   [ -n "$native" ] || return 0
   local arm
-  arm=$(qemu-aarch64 -L $SYSROOT -cpu "$1" "$DIGEST" "$MODEL" "$TEXT")
+  arm=$(qemu-aarch64 -L $SYSROOT -cpu "$1" "$DIGEST" "$MODEL" "$IDS")
   if [ "$arm" = "$native" ]; then
     echo "arm ($1): $arm: equal"
   else

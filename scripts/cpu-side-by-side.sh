@@ -37,7 +37,7 @@ prep() {
   ldd "$llama" | awk '/=> \// {print $3}' | grep -E 'libgomp|libssl|libcrypto' | xargs -r cp -L -t "$C/lib"
   local t=0 exe
   for exe in $({ cargo test --release -p ferrum-kernels --lib --test cpu_ops --test quant_gemm --no-run 2>&1 &&
-    cargo bench -p ferrum-kernels --bench gemm --no-run 2>&1; } | grep -o 'target/release/deps/[a-z_0-9-]*'); do
+    cargo bench -p ferrum-benches --bench gemm --no-run 2>&1; } | grep -o 'target/release/deps/[a-z_0-9-]*'); do
     case $exe in
       */gemm-*) strip -o "$C/gemm-bench" "$exe" ;;
       *) strip -o "$C/test-$t" "$exe" && t=$((t + 1)) ;;

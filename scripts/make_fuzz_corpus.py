@@ -1,6 +1,6 @@
 """Writes the seed inputs of the fuzz targets (`fuzz/seeds/<target>/`):
 a tiny valid checkpoint of each kind and the hostile cases issue #61 found,
-kept as regression inputs. `crates/ferrum-models/tests/fuzz_corpus.rs` runs
+kept as regression inputs. `crates/ferrum-engine/tests/fuzz_corpus.rs` runs
 every target on them and on mutations of them in CI; `cargo fuzz run
 <target>` starts from them.
 

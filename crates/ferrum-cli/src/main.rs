@@ -30,14 +30,20 @@ enum Command {
     /// Show what a model file is: architecture, size, tensor types, tokenizer.
     Inspect(commands::inspect::InspectArgs),
     /// Chat with a model, or complete one --prompt.
+    // Negative numbers are values (`-n -5` gets a range error, not
+    // "unexpected argument"), here and below.
+    #[command(allow_negative_numbers = true)]
     Run(commands::run::RunArgs),
     /// Measure prompt-processing and generation speed (like llama-bench).
+    #[command(allow_negative_numbers = true)]
     Bench(commands::bench::BenchArgs),
     /// Embed texts with an encoder model (default: all-MiniLM-L6-v2).
     Embed(commands::embed::EmbedArgs),
     /// Measure perplexity on a text file (llama-perplexity's method).
+    #[command(allow_negative_numbers = true)]
     Perplexity(commands::perplexity::PerplexityArgs),
     /// Serve a model over an OpenAI-compatible HTTP API.
+    #[command(allow_negative_numbers = true)]
     Serve(commands::serve::ServeArgs),
     /// Download a model: an alias (smollm2, qwen2.5-coder:0.5b, ...) or owner/repo:file.
     Pull {

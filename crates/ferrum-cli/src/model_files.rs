@@ -34,10 +34,72 @@ pub fn resolve(model: &str) -> Result<PathBuf> {
         return pull(model);
     }
     let names: Vec<&str> = RECIPES.iter().map(|r| r.alias).collect();
+    if let Some(near) = nearest(model, &names) {
+        bail!("model not found: {model}; did you mean {near}?");
+    }
     bail!(
         "model not found: {model} (give a .gguf file, a Hugging Face folder, owner/repo:file, or one of: {})",
         names.join(", ")
     )
+}
+
+/// The alias a mistyped name was most likely meant to be: the closest by
+/// edit distance (case aside: aliases are lower case), if within a third of
+/// its length.
+fn nearest<'a>(model: &str, names: &[&'a str]) -> Option<&'a str> {
+    let model = model.to_lowercase();
+    names
+        .iter()
+        .map(|n| (edit_distance(&model, n), *n))
+        .filter(|&(d, n)| d * 3 <= n.len().max(3))
+        .min()
+        .map(|(_, n)| n)
+}
+
+/// Levenshtein distance over characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let next = (diag + usize::from(ca != cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+/// The model a command runs: positional (`ferrum run qwen2.5-coder:0.5b`,
+/// as `ollama run` takes it) or `--model`/`-m` (as llama.cpp's tools take
+/// it).
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArg {
+    /// A .gguf file, a Hugging Face folder, owner/repo:file, or an alias
+    /// (qwen2.5-coder:0.5b, smollm2, ...). [default: qwen2.5-coder:0.5b]
+    #[arg(value_name = "MODEL")]
+    given: Option<String>,
+    /// The same as MODEL.
+    #[arg(
+        long = "model",
+        short = 'm',
+        value_name = "MODEL",
+        conflicts_with = "given"
+    )]
+    flag: Option<String>,
+}
+
+impl ModelArg {
+    pub fn name(&self) -> &str {
+        self.flag
+            .as_deref()
+            .or(self.given.as_deref())
+            .unwrap_or(DEFAULT_MODEL)
+    }
 }
 
 /// Where a model runs: `cpu` (default), `cuda` or `cuda:N`.
@@ -326,6 +388,30 @@ impl SpecArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn near_miss_aliases_are_suggested() {
+        let names = [
+            "smollm2",
+            "qwen2.5-coder:0.5b",
+            "qwen2.5-coder:1.5b",
+            "gemma3:270m",
+            "minilm",
+        ];
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(nearest("smolm2", &names), Some("smollm2"));
+        assert_eq!(nearest("SmolLM2", &names), Some("smollm2"), "case aside");
+        assert_eq!(
+            nearest("qwen2.5-coder:0.5", &names),
+            Some("qwen2.5-coder:0.5b")
+        );
+        assert_eq!(
+            nearest("gemma3", &names),
+            None,
+            "five edits from gemma3:270m"
+        );
+        assert_eq!(nearest("llama", &names), None);
+    }
 
     #[test]
     fn kv_dtype_defaults_to_the_devices_and_names_the_flag_when_refused() {

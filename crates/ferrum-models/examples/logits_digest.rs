@@ -1,21 +1,23 @@
 //! Prints a digest of the bits of every logit a GGUF model gives for a
-//! text's first tokens, as one JSON line.
+//! text's first tokens, as one JSON line. The text comes tokenized (`ferrum
+//! tokenize --json --add-special`), so this needs no tokenizer.
 //!
 //! `scripts/arm-check.sh` runs it natively and on AArch64 under qemu: the
 //! CPU kernels promise x86's bits on Arm, so the two digests must be equal.
-//! It needs only this crate (no server, no CLI), so the Arm build that CI
-//! emulates stays small. The tokens are evaluated as one
+//! It needs only this crate (no tokenizer, server or CLI), so the Arm build
+//! that CI emulates stays small. The tokens are evaluated as one
 //! `ferrum perplexity` chunk: the first half as context (batched prefill),
 //! then the second half in one verify pass whose logits are all kept.
 //!
-//! Usage: `logits_digest MODEL.gguf TEXT [TOKENS]` (64 tokens by default).
+//! Usage: `logits_digest MODEL.gguf IDS.json [TOKENS]`: IDS.json holds the
+//! text's token ids as one JSON array; the first TOKENS (64 by default) are
+//! used.
 
 use std::process::ExitCode;
 
 use ferrum_formats::gguf::GgufFile;
 use ferrum_kernels::CpuBackend;
 use ferrum_models::{registry, DecoderOnlyLLM, KvManaged, KvPoolConfig};
-use ferrum_tokenizer::Tokenizer;
 
 fn main() -> ExitCode {
     match run() {
@@ -32,8 +34,8 @@ fn main() -> ExitCode {
 
 fn run() -> Result<String, Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [model, text, rest @ ..] = args.as_slice() else {
-        return Err("usage: logits_digest MODEL.gguf TEXT [TOKENS]".into());
+    let [model, ids, rest @ ..] = args.as_slice() else {
+        return Err("usage: logits_digest MODEL.gguf IDS.json [TOKENS]".into());
     };
     let n: usize = match rest.first() {
         Some(s) => s
@@ -42,8 +44,8 @@ fn run() -> Result<String, Box<dyn std::error::Error>> {
         None => 64,
     };
     let gguf = GgufFile::open(std::path::Path::new(model))?;
-    let tokens =
-        Tokenizer::from_gguf(&gguf)?.encode(&std::fs::read_to_string(text)?, true, false)?;
+    let tokens: Vec<u32> = serde_json::from_str(&std::fs::read_to_string(ids)?)
+        .map_err(|e| format!("{ids}: not a JSON array of token ids: {e}"))?;
     if n < 4 || tokens.len() < n {
         return Err(format!(
             "TOKENS must be at least 4 and at most the text's {}",

@@ -26,7 +26,8 @@ pub struct BenchArgs {
     /// Where to run: cpu, cuda or cuda:N (needs a build with --features cuda).
     #[arg(long, default_value = "cpu")]
     device: Device,
-    /// A .gguf file, a Hugging Face folder, or an alias.
+    /// A .gguf file, a Hugging Face folder, or an alias (no positional
+    /// MODEL here: `bench serve` is a subcommand).
     #[arg(long, short = 'm', default_value = DEFAULT_MODEL)]
     model: String,
     /// Instead of --model, random weights of a known model's shapes:
@@ -271,6 +272,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if args.threads == Some(0) {
         bail!("-t must be at least 1");
+    }
+    if args.n_prompt == 0 && args.n_gen == 0 && args.batch.unwrap_or(0) == 0 {
+        bail!(
+            "nothing to measure: -p and -n are both 0 (give either a count above 0, or --batch B)"
+        );
     }
     // main() already runs on a default pool; -t asks for another size.
     match args.threads {

@@ -10,13 +10,12 @@ use ferrum_models::llama::{checkpoint_layouts, LlamaConfig};
 use ferrum_models::registry::{family, Family};
 use std::collections::BTreeMap;
 
-use crate::model_files::{resolve, ModelFiles};
+use crate::model_files::{resolve, ModelArg, ModelFiles};
 
 #[derive(Args)]
 pub struct InspectArgs {
-    /// A .gguf file, a Hugging Face model folder, or an alias (smollm2 ...).
-    #[arg(long)]
-    model: String,
+    #[command(flatten)]
+    model: ModelArg,
 }
 
 /// "1.23B", "494.0M" ...
@@ -30,7 +29,7 @@ fn human(n: u64) -> String {
 }
 
 pub fn run(args: InspectArgs) -> Result<()> {
-    let files = ModelFiles::open(&resolve(&args.model)?)?;
+    let files = ModelFiles::open(&resolve(args.model.name())?)?;
     let tok = files.tokenizer();
     match &files {
         ModelFiles::Gguf(g) => print_gguf(g),

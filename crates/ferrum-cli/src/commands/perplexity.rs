@@ -11,16 +11,15 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferrum_models::{DecoderOnlyLLM, KvManaged};
 
-use crate::model_files::{resolve, Device, KvDtypeArg, ModelFiles};
+use crate::model_files::{resolve, Device, KvDtypeArg, ModelArg, ModelFiles};
 
 #[derive(Args)]
 pub struct PerplexityArgs {
     /// Where to run: cpu, cuda or cuda:N (needs a build with --features cuda).
     #[arg(long, default_value = "cpu")]
     device: Device,
-    /// A .gguf file, a Hugging Face folder, or an alias.
-    #[arg(long)]
-    model: String,
+    #[command(flatten)]
+    model: ModelArg,
     /// Text file to score.
     #[arg(long)]
     file: PathBuf,
@@ -41,7 +40,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     if args.ctx < 4 {
         bail!("--ctx must be at least 4");
     }
-    let files = ModelFiles::open(&resolve(&args.model)?)?;
+    let files = ModelFiles::open(&resolve(args.model.name())?)?;
     let tok = files.tokenizer()?;
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;

@@ -1,6 +1,6 @@
 //! `ferrum run`: chat with a model, or complete one prompt.
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -14,7 +14,7 @@ use ferrum_tokenizer::chat::{ChatOptions, ChatTemplate, Message};
 use ferrum_tokenizer::Tokenizer;
 
 use super::thinking::ThinkingView;
-use crate::model_files::{resolve, Device, KvArgs, ModelFiles, SpecArgs, DEFAULT_MODEL};
+use crate::model_files::{resolve, Device, KvArgs, ModelArg, ModelFiles, SpecArgs};
 use ferrum_formats::sampling::RecommendedSampling as Recommended;
 
 #[derive(Args)]
@@ -22,9 +22,8 @@ pub struct RunArgs {
     /// Where to run: cpu, cuda or cuda:N (needs a build with --features cuda).
     #[arg(long, default_value = "cpu")]
     device: Device,
-    /// A .gguf file, a Hugging Face folder, or an alias.
-    #[arg(long, default_value = DEFAULT_MODEL)]
-    model: String,
+    #[command(flatten)]
+    pub(super) model: ModelArg,
     /// Complete this prompt and exit (raw text, no chat template unless --chat).
     #[arg(long)]
     prompt: Option<String>,
@@ -39,7 +38,7 @@ pub struct RunArgs {
     #[arg(long)]
     system: Option<String>,
     /// Most tokens to generate per answer.
-    #[arg(long, short = 'n', default_value_t = 512)]
+    #[arg(long, short = 'n', default_value_t = 512, value_parser = super::at_least_one)]
     max_tokens: usize,
     /// 0 is greedy. [default: the model's recommendation (GGUF
     /// `general.sampling.*` or generation_config.json), else 0.8; the same
@@ -131,7 +130,7 @@ impl RunArgs {
 
 pub fn run(args: RunArgs) -> Result<()> {
     args.sampling(&Recommended::default()).validate()?;
-    let files = ModelFiles::open(&resolve(&args.model)?)?;
+    let files = ModelFiles::open(&resolve(args.model.name())?)?;
     let sampling = args.sampling(&files.recommended_sampling());
     if args.verbose {
         eprintln!("{}", describe_sampling(&sampling));
@@ -145,7 +144,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     if needs_template && template.is_none() {
         bail!(
             "{} has no chat template, so it cannot chat; use --prompt TEXT for a plain completion",
-            args.model
+            args.model.name()
         );
     }
     let pool = args.kv.pool(args.device)?;
@@ -174,12 +173,14 @@ pub fn run(args: RunArgs) -> Result<()> {
         })
         .context("cannot install the Ctrl-C handler")?;
     }
-    let session = Session {
+    let mut session = Session {
         args: &args,
         tok: &tok,
         engine,
         template: template.as_ref(),
         sampling,
+        max_tokens: args.max_tokens,
+        system: args.system.clone(),
         constraint,
         generating,
         interrupted,
@@ -191,7 +192,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             conv.push(Message::new("user", p.clone()));
             session.answer(&mut conv)
         }
-        None => session.repl(),
+        None => super::repl::chat(&mut session),
     }
 }
 
@@ -203,13 +204,19 @@ fn describe_sampling(p: &SamplingParams) -> String {
     )
 }
 
-struct Session<'a> {
-    args: &'a RunArgs,
+/// A chat or a one-shot completion with one loaded model. The interactive
+/// chat (`super::repl`) changes the settings as it goes (`/set`).
+pub(super) struct Session<'a> {
+    pub(super) args: &'a RunArgs,
     tok: &'a Tokenizer,
     engine: Engine,
     template: Option<&'a ChatTemplate>,
     /// The command line's settings over the model's recommendations.
-    sampling: SamplingParams,
+    pub(super) sampling: SamplingParams,
+    /// Most tokens per answer (`-n`).
+    pub(super) max_tokens: usize,
+    /// The system message each conversation starts with.
+    pub(super) system: Option<String>,
     /// Every answer's grammar (a fresh copy each).
     constraint: Option<Constraint>,
     generating: Arc<AtomicBool>,
@@ -217,9 +224,8 @@ struct Session<'a> {
 }
 
 impl Session<'_> {
-    fn start(&self) -> Vec<Message> {
-        self.args
-            .system
+    pub(super) fn start(&self) -> Vec<Message> {
+        self.system
             .iter()
             .map(|s| Message::new("system", s.clone()))
             .collect()
@@ -231,7 +237,7 @@ impl Session<'_> {
     fn generate(&self, prompt: Vec<u32>, view: ThinkingView) -> Result<String> {
         let req = Request {
             prompt,
-            max_tokens: self.args.max_tokens,
+            max_tokens: self.max_tokens,
             sampling: self.sampling.clone(),
             stop_strings: self.args.stop.clone(),
             stop_tokens: Vec::new(),
@@ -308,7 +314,7 @@ impl Session<'_> {
     }
 
     /// Renders the conversation, generates and appends the answer.
-    fn answer(&self, conv: &mut Vec<Message>) -> Result<()> {
+    pub(super) fn answer(&self, conv: &mut Vec<Message>) -> Result<()> {
         let Some(template) = self.template else {
             bail!("no chat template")
         };
@@ -336,38 +342,6 @@ impl Session<'_> {
         let view = ThinkingView::new(thinks, &rendered, self.args.hide_thinking, dim);
         let text = self.generate(prompt, view)?;
         conv.push(Message::new("assistant", text));
-        Ok(())
-    }
-
-    fn repl(&self) -> Result<()> {
-        eprintln!(
-            "Chatting with {}. /clear starts over, /bye (or Ctrl-D) quits, Ctrl-C stops an answer.",
-            self.args.model
-        );
-        let mut conv = self.start();
-        let stdin = std::io::stdin();
-        loop {
-            eprint!(">>> ");
-            let mut line = String::new();
-            if stdin.lock().read_line(&mut line)? == 0 {
-                break;
-            }
-            match line.trim() {
-                "" => continue,
-                "/bye" | "/exit" | "/quit" => break,
-                "/clear" => {
-                    conv = self.start();
-                    eprintln!("(conversation cleared)");
-                    continue;
-                }
-                text => conv.push(Message::new("user", text)),
-            }
-            if let Err(e) = self.answer(&mut conv) {
-                // Keep the session alive: drop the turn that failed.
-                conv.pop();
-                eprintln!("error: {e:#}");
-            }
-        }
         Ok(())
     }
 }

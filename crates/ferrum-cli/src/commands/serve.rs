@@ -11,7 +11,7 @@ use ferrum_models::registry::{self, Family};
 use ferrum_server::{LoadedModel, ReasoningFormat, ServeConfig};
 
 use crate::model_files::{
-    model_card, on_device, resolve, Device, KvArgs, ModelFiles, SpecArgs, DEFAULT_MODEL,
+    model_card, on_device, resolve, Device, KvArgs, ModelArg, ModelFiles, SpecArgs,
 };
 
 #[derive(Args)]
@@ -19,11 +19,10 @@ pub struct ServeArgs {
     /// Where to run: cpu, cuda or cuda:N (needs a build with --features cuda).
     #[arg(long, default_value = "cpu")]
     device: Device,
-    /// Model: a .gguf file, a Hugging Face folder or an alias. An encoder
-    /// (BERT, e.g. `minilm`) serves /v1/embeddings; a decoder serves chat
-    /// and completions.
-    #[arg(long, default_value = DEFAULT_MODEL)]
-    model: String,
+    /// An encoder (BERT, e.g. `minilm`) serves /v1/embeddings; a decoder
+    /// serves chat and completions.
+    #[command(flatten)]
+    model: ModelArg,
     /// Use the Jinja chat template in FILE instead of the model's (one
     /// that is missing or wrong; llama-server's --chat-template-file).
     #[arg(long, value_name = "FILE")]
@@ -143,13 +142,13 @@ fn served_name(model: &str) -> String {
 
 pub fn run(args: ServeArgs) -> Result<()> {
     ferrum_types::bound_retained_memory();
-    let path = resolve(&args.model)?;
+    let path = resolve(args.model.name())?;
     let cfg = ServeConfig {
         host: args.host,
         port: args.port,
         served_model_name: args
             .served_model_name
-            .unwrap_or_else(|| served_name(&args.model)),
+            .unwrap_or_else(|| served_name(args.model.name())),
         accept_any_model: args.accept_any_model,
         api_keys: match &args.api_key_file {
             Some(f) => read_keys(f)?,

@@ -3,12 +3,12 @@
 use anyhow::Result;
 use clap::Args;
 
-use crate::model_files::{resolve, ModelFiles};
+use crate::model_files::{resolve, ModelFiles, DEFAULT_MODEL};
 
 #[derive(Args)]
 pub struct TokenizeArgs {
     /// Model whose tokenizer to use: a .gguf file, a Hugging Face folder or an alias.
-    #[arg(long)]
+    #[arg(long, short = 'm', default_value = DEFAULT_MODEL)]
     model: String,
     /// Print one JSON array of ids on the last line instead of a table.
     #[arg(long)]

@@ -16,7 +16,7 @@ use super::SyncPtr;
 mod x86;
 
 /// Up to this many activation rows use the streaming kernel: from 16 rows
-/// the `gemm` crate is faster (`cargo bench -p ferrum-kernels --bench
+/// the `gemm` crate is faster (`cargo bench -p ferrum-benches --bench
 /// gemm`; figures in `docs/perf-log.md`), so streaming is kept for
 /// decode-sized batches only.
 pub(crate) const STREAMING_MAX_M: usize = 8;

@@ -1,5 +1,8 @@
-//! Real GGUF models from `fetch.sh`: greedy continuations of a factual
-//! prompt. Skipped (with a note) when the models have not been fetched.
+//! Real GGUF models from `scripts/fetch-models.sh`, text in and text out
+//! (tokenizer, model, greedy loop): continuations of a factual prompt.
+//! Skipped (with a note) when the models have not been fetched. Here rather
+//! than in ferrum-models, whose tests then need no tokenizer (the Arm
+//! cross-build compiles that crate's dev-dependencies).
 
 #![allow(clippy::unwrap_used)] // tests may unwrap: a failure is the report
 

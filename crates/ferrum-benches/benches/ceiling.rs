@@ -15,7 +15,7 @@
 //!   k-quant kernels give each row and 32-value span: on a Zen 4 both
 //!   take the same two pipes, so the finish costs dot-product cycles.
 //!
-//! `cargo bench -p ferrum-kernels --bench ceiling`
+//! `cargo bench -p ferrum-benches --bench ceiling`
 
 use criterion::{criterion_group, criterion_main, Criterion};
 

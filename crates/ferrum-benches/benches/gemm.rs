@@ -2,7 +2,7 @@
 //! FLOP/s (criterion's "elements" are flops: 2·m·n·k per call); for m = 1 the
 //! quantized group also reports weight bytes per second (the memory wall).
 //!
-//! `cargo bench -p ferrum-kernels --bench gemm [-- gemm_quant]`
+//! `cargo bench -p ferrum-benches --bench gemm [-- gemm_quant]`
 
 use std::time::{Duration, Instant};
 

@@ -12,7 +12,7 @@
 //! Last, a batched decode step's attention: eight SmolLM2 sequences at 128
 //! and 512 keys, in FLOP/s.
 //!
-//! `cargo bench -p ferrum-kernels --bench attention`
+//! `cargo bench -p ferrum-benches --bench attention`
 
 use std::time::Duration;
 

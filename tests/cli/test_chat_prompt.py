@@ -1,0 +1,80 @@
+"""`ferrum run`'s chat prompt in a pseudo-terminal (pexpect), driven as a person would: line editing
+and history, slash commands that never reach the model, Ctrl-C at the prompt, `\"\"\"` blocks,
+/save; and the command line's errors for negative numbers and mistyped aliases."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pexpect = pytest.importorskip("pexpect")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from conftest import BIN  # noqa: E402
+
+LEFT, UP, CTRL_C = "\x1b[D", "\x1b[A", "\x03"
+
+
+@pytest.fixture
+def chat(tmp_path):
+    env = dict(os.environ, TERM="xterm", NO_COLOR="1", FERRUM_HISTORY=str(tmp_path / "history"))
+    p = pexpect.spawn(BIN, ["run", "smollm2", "-n", "6", "--temperature", "0"], env=env,
+                      encoding="utf-8", timeout=60, dimensions=(40, 200))
+    p.expect_exact(">>> ")
+    yield p, tmp_path
+    p.close(force=True)
+
+
+def test_commands_editing_history_and_blocks(chat):
+    p, tmp = chat
+    # Arrow keys edit the line: "abc", one left, "X" gives "abXc".
+    p.send(f"/set system abc{LEFT}X\r")
+    p.expect_exact("(system message set")
+    p.sendline("/show")
+    p.expect_exact("max_tokens 6 | temperature 0")
+    p.expect_exact("system: abXc")
+    p.sendline("/frobnicate")
+    p.expect_exact("unknown command /frobnicate")
+    p.sendline("/set temperature -1")
+    p.expect_exact("temperature must be a finite number >= 0")
+    # Up recalls the last line; sent again, it fails again.
+    p.send(f"{UP}\r")
+    p.expect_exact("temperature must be a finite number >= 0")
+    p.send(CTRL_C)
+    p.expect_exact("(Ctrl-D or /bye quits)")
+    # A block over two lines is one message; the model answers it.
+    p.sendline('"""Say hello')
+    p.expect_exact("... ")
+    p.sendline('to me."""')
+    p.expect_exact(">>> ")
+    save = tmp / "chat.json"
+    p.sendline(f"/save {save}")
+    p.expect_exact("(saved 3 messages")
+    messages = json.loads(save.read_text())["messages"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant"]
+    assert messages[0]["content"] == "abXc" and messages[1]["content"] == "Say hello\nto me."
+    assert messages[2]["content"], "the model answered"
+    p.sendline("/load /nonexistent.json")
+    p.expect_exact("cannot read /nonexistent.json")
+    p.sendline("/bye")
+    p.expect(pexpect.EOF)
+    p.close()
+    assert p.exitstatus == 0
+    history = (tmp / "history").read_text()
+    assert "/show" in history and "Say hello" in history, "kept across runs"
+
+
+def run(*args):
+    return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_negative_numbers_and_mistyped_models_get_real_errors():
+    r = run("run", "smollm2", "-n", "-5", "--prompt", "x")
+    assert r.returncode != 0 and "-5 is not allowed: give a whole number of at least 1" in r.stderr
+    r = run("run", "smollm2", "--temperature", "-1", "--prompt", "x")
+    assert r.returncode != 0 and "temperature must be a finite number >= 0" in r.stderr
+    r = run("run", "smolm2", "--prompt", "x")
+    assert r.returncode != 0 and "did you mean smollm2?" in r.stderr
+    r = run("bench", "-m", "smollm2", "-p", "0", "-n", "0")
+    assert r.returncode != 0 and "nothing to measure" in r.stderr
