@@ -78,3 +78,16 @@ def test_negative_numbers_and_mistyped_models_get_real_errors():
     assert r.returncode != 0 and "did you mean smollm2?" in r.stderr
     r = run("bench", "-m", "smollm2", "-p", "0", "-n", "0")
     assert r.returncode != 0 and "nothing to measure" in r.stderr
+
+
+def test_an_empty_line_in_embed_input_is_skipped_with_a_warning():
+    r = subprocess.run([BIN, "embed", "--json"], input="hello\n\nworld\n", capture_output=True, text=True,
+                       timeout=120)
+    if "not found" in r.stderr:
+        pytest.skip("minilm is not fetched (scripts/fetch-models.sh minilm)")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [row["index"] for row in rows] == [0, 2]
+    assert "skipped 1 empty input(s), number 2" in r.stderr
+    r = subprocess.run([BIN, "embed"], input="\n \n", capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "nothing to embed" in r.stderr

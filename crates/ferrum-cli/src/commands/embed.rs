@@ -53,7 +53,27 @@ pub fn run(args: EmbedArgs) -> Result<()> {
     } else {
         args.text
     };
-    let inputs: Vec<EmbedInput> = texts.into_iter().map(EmbedInput::Text).collect();
+    // An empty line is skipped, not an error for the whole batch; the JSON
+    // `index` stays the input's position, so the others keep theirs.
+    let (kept, empty): (Vec<_>, Vec<_>) = texts
+        .into_iter()
+        .enumerate()
+        .partition(|(_, t)| !t.trim().is_empty());
+    if !empty.is_empty() {
+        let at: Vec<String> = empty.iter().map(|(i, _)| (i + 1).to_string()).collect();
+        eprintln!(
+            "warning: skipped {} empty input(s), number {} (counting from 1)",
+            empty.len(),
+            at.join(", ")
+        );
+    }
+    if kept.is_empty() {
+        bail!("nothing to embed: every input is empty");
+    }
+    let (index, inputs): (Vec<usize>, Vec<EmbedInput>) = kept
+        .into_iter()
+        .map(|(i, t)| (i, EmbedInput::Text(t)))
+        .unzip();
     let start = Instant::now();
     let out = embedder.embed(&inputs, !args.no_truncate)?;
     let secs = start.elapsed().as_secs_f64();
@@ -75,7 +95,7 @@ pub fn run(args: EmbedArgs) -> Result<()> {
         "embedded"
     );
     let mut stdout = std::io::stdout().lock();
-    for (i, e) in out.iter().enumerate() {
+    for (&i, e) in index.iter().zip(&out) {
         if args.json {
             let line = serde_json::json!({"index": i, "tokens": e.tokens, "embedding": e.vector});
             writeln!(stdout, "{line}")?;
