@@ -91,3 +91,48 @@ def test_an_empty_line_in_embed_input_is_skipped_with_a_warning():
     assert "skipped 1 empty input(s), number 2" in r.stderr
     r = subprocess.run([BIN, "embed"], input="\n \n", capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "nothing to embed" in r.stderr
+
+
+def test_a_chat_longer_than_the_context_drops_its_oldest_turns(tmp_path):
+    env = dict(os.environ, TERM="xterm", NO_COLOR="1", FERRUM_HISTORY=str(tmp_path / "history"))
+    p = pexpect.spawn(BIN, ["run", "smollm2", "-n", "8", "--temperature", "0", "--ctx", "96"], env=env,
+                      encoding="utf-8", timeout=60, dimensions=(40, 200))
+    p.expect_exact(">>> ")
+    for topic in ["a dragon and a knight in a castle far away",
+                  "a wizard who lives in a tall tower by the sea",
+                  "a cat who sails across the ocean on a little boat"]:
+        p.sendline(f"Tell me a long story about {topic}.")
+        p.expect_exact(">>> ")
+    # The third turn did not fit 96 tokens with the first two: the oldest exchange went.
+    assert "(dropped the 2 oldest messages to fit the 96-token context" in p.before
+    save = tmp_path / "chat.json"
+    p.sendline(f"/save {save}")
+    p.expect_exact("(saved 4 messages")
+    messages = json.loads(save.read_text())["messages"]
+    assert "wizard" in messages[0]["content"] and "cat" in messages[2]["content"]
+    p.sendline("/bye")
+    p.expect(pexpect.EOF)
+
+
+def test_bad_context_settings_are_errors():
+    r = subprocess.run([BIN, "run", "smollm2", "--prompt", "x", "-n", "1"], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, FERRUM_KV_CAPACITY="4k"))
+    assert r.returncode != 0 and 'FERRUM_KV_CAPACITY="4k" is not a number of tokens' in r.stderr, r.stderr
+    r = run("run", "smollm2", "--ctx", "0", "--prompt", "x")
+    assert r.returncode != 0 and "0 is not allowed" in r.stderr
+
+
+def test_tokenize_shows_pieces_and_raw_vocabulary_strings():
+    r = run("tokenize", "Hello world")
+    assert r.returncode == 0 and '" world"' in r.stdout and "Ġ" not in r.stdout, r.stdout
+    r = run("tokenize", "--raw", "Hello world")
+    assert r.returncode == 0 and '"Ġworld"' in r.stdout, r.stdout
+
+
+def test_json_cut_short_by_n_is_an_error(tmp_path):
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type":"object","properties":{"a":{"type":"string"}},"required":["a"]}')
+    r = run("run", "smollm2", "--prompt", "JSON:", "-n", "3", "--temperature", "0",
+            "--json-schema", str(schema))
+    assert r.returncode != 0 and r.stdout.startswith('{"'), r.stdout
+    assert "cut at 3 tokens, so the JSON is incomplete; raise -n" in r.stderr, r.stderr

@@ -100,3 +100,31 @@ def test_ignore_eos_runs_to_max_tokens(chat_server):
     long = c.chat.completions.create(model=MODEL, messages=ask, max_tokens=200, temperature=0,
                                      extra_body={"ignore_eos": True})
     assert long.choices[0].finish_reason == "length" and long.usage.completion_tokens == 200
+
+
+def test_continue_final_message_continues_the_answer(chat_server):
+    """The last (assistant) message is left open: greedy, its continuation is what a plain completion
+    of the same text gives. `add_generation_prompt: false` ends the prompt where the template ends it."""
+    ask = [{"role": "user", "content": "What is the capital of France?"}]
+    start = "The capital of France is"
+    code, r = post(chat_server, "/tokenize", {"model": MODEL, "messages": ask})
+    assert code == 200
+    code, d = post(chat_server, "/detokenize", {"model": MODEL, "tokens": r["tokens"]})
+    opened = d["prompt"]
+    code, plain = post(chat_server, "/v1/completions", {"model": MODEL, "prompt": opened + start,
+                                                        "max_tokens": 8, "temperature": 0})
+    assert code == 200
+    code, cont = post(chat_server, "/v1/chat/completions", {
+        "model": MODEL, "messages": ask + [{"role": "assistant", "content": start}],
+        "continue_final_message": True, "add_generation_prompt": False, "max_tokens": 8, "temperature": 0})
+    assert code == 200, cont
+    assert cont["choices"][0]["message"]["content"] == plain["choices"][0]["text"]
+    assert cont["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]
+
+    code, e = post(chat_server, "/v1/chat/completions", {
+        "model": MODEL, "messages": ask, "continue_final_message": True, "max_tokens": 2})
+    assert code == 400 and "last message to be the assistant's" in e["error"]["message"]
+    code, e = post(chat_server, "/v1/chat/completions", {
+        "model": MODEL, "messages": ask + [{"role": "assistant", "content": start}],
+        "continue_final_message": True, "add_generation_prompt": True, "max_tokens": 2})
+    assert code == 400 and e["error"]["param"] == "continue_final_message"

@@ -247,7 +247,7 @@ def test_page_is_served_with_a_strict_policy(chat_server):
     assert "script-src 'self'" in csp and "default-src 'none'" in csp, csp
     # `serve` said where the page is.
     log = Path(chat_server.log.name).read_text()
-    assert f"ferrum serve: chat at {chat_server.url}/ and the OpenAI API at {chat_server.url}/v1\n" in log, log
+    assert f"  chat page   {chat_server.url}/\n  OpenAI API  {chat_server.url}/v1\n" in log, log
 
 
 def test_no_webui_leaves_only_the_api(no_webui_server):
@@ -258,4 +258,4 @@ def test_no_webui_leaves_only_the_api(no_webui_server):
     with urllib.request.urlopen(no_webui_server.url + "/v1/models") as r:
         assert json.loads(r.read())["data"][0]["id"] == "smollm2"
     log = Path(no_webui_server.log.name).read_text()
-    assert f"ferrum serve: OpenAI API at {no_webui_server.url}/v1\n" in log, log
+    assert f"ferrum serve\n  OpenAI API  {no_webui_server.url}/v1\n" in log, log

@@ -1,5 +1,6 @@
 //! `ferrum`: run, serve, embed and benchmark LLMs from one binary.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -54,6 +55,8 @@ enum Command {
     List(commands::cache::ListArgs),
     /// Delete a fetched model (as `ferrum list` names it) and free its space.
     Rm(commands::cache::RmArgs),
+    /// List what a running `ferrum serve` has loaded (as `ollama ps`).
+    Ps(commands::ps::PsArgs),
     /// Print the token ids of a text.
     Tokenize(commands::tokenize::TokenizeArgs),
     /// Print the compute capabilities Ferrum detected on this machine.
@@ -86,6 +89,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| EnvFilter::new(command.default_log())),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only on a terminal: a log file or a pipe gets plain text.
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .init();
     // Commands drive the model from a CPU pool worker (see `on_pool`).
     let result = ferrum_kernels::cpu::on_pool(None, || dispatch(command))
@@ -137,6 +142,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Tokenize(a) => commands::tokenize::run(a),
         Command::List(a) => commands::cache::list(a),
         Command::Rm(a) => commands::cache::rm(a),
+        Command::Ps(a) => commands::ps::ps(a),
         Command::Pull { model } => pull::pull(&model).map(|p| println!("{}", p.display())),
         Command::SystemInfo => {
             system_info();

@@ -294,6 +294,11 @@ pub fn model_card(path: &Path) -> ModelCard {
 /// KV-cache options shared by the commands that generate.
 #[derive(clap::Args, Clone, Debug)]
 pub struct KvArgs {
+    /// Context size: the most tokens one conversation or request holds,
+    /// prompt and answer together (default: FERRUM_KV_CAPACITY, else 4096;
+    /// never more than the model was trained for).
+    #[arg(long, short = 'c', value_name = "N", value_parser = crate::commands::at_least_one)]
+    pub ctx: Option<usize>,
     /// Positions in the shared paged KV pool, all sequences together
     /// (default: FERRUM_KV_CACHE_TOKENS, else 4 x the per-sequence capacity).
     #[arg(long)]
@@ -318,6 +323,7 @@ impl KvArgs {
             block_size: self.block_size.unwrap_or(0),
             prefix_caching: !self.no_prefix_caching,
             dtype: Some(self.dtype.resolve(device)?),
+            context: self.ctx,
         })
     }
 }

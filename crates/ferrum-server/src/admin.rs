@@ -14,7 +14,7 @@ use serde_json::json;
 use crate::error::ApiError;
 use crate::generation::render_chat;
 use crate::guard::{body, body_len, off_reactor};
-use crate::protocol::{parse, DetokenizeRequest, TokenizeRequest};
+use crate::protocol::{parse, DetokenizeRequest, Ending, TokenizeRequest};
 use crate::{Ready, Shared};
 
 /// 200 once the model is loaded, 503 before.
@@ -48,10 +48,11 @@ fn max_len(r: &Ready) -> usize {
     }
 }
 
-/// The one model's OpenAI object (`max_model_len` is null while loading).
-fn model_object(s: &Shared) -> serde_json::Value {
+/// The model's OpenAI object under `id` (`max_model_len` is null while
+/// loading).
+fn model_object(s: &Shared, id: &str) -> serde_json::Value {
     json!({
-        "id": s.cfg.served_model_name,
+        "id": id,
         "object": "model",
         "created": s.created,
         "owned_by": "ferrum",
@@ -60,7 +61,9 @@ fn model_object(s: &Shared) -> serde_json::Value {
 }
 
 pub async fn models(State(s): State<Shared>) -> Json<serde_json::Value> {
-    Json(json!({"object": "list", "data": [model_object(&s)]}))
+    let ids = std::iter::once(&s.cfg.served_model_name).chain(&s.cfg.model_aliases);
+    let data: Vec<_> = ids.map(|id| model_object(&s, id)).collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 /// `GET /v1/models/{id}` (`models.retrieve`): 404 for another id.
@@ -69,7 +72,13 @@ pub async fn model(
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     s.check_model(Some(&id))?;
-    Ok(Json(model_object(&s)))
+    // Any other name (`--accept-any-model`) gets the model's own id.
+    let id = if s.serves(&id) {
+        &id
+    } else {
+        &s.cfg.served_model_name
+    };
+    Ok(Json(model_object(&s, id)))
 }
 
 fn tokenizer(r: &Ready) -> &Tokenizer {
@@ -134,6 +143,7 @@ fn tokenize_now(
                 m,
                 None,
                 req.chat_template_kwargs.as_ref(),
+                Ending::NewAnswer,
             )?;
             tok.encode(&text, false, true)
         }

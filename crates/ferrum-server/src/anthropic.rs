@@ -243,6 +243,14 @@ fn chat_request(mut req: MessagesRequest) -> Result<ChatRequest, ApiError> {
         // Anthropic's stream always ends with the usage.
         "stream_options": {"include_usage": true},
     });
+    // A last message of the assistant's is a prefill the answer continues.
+    if req
+        .messages
+        .last()
+        .is_some_and(|m| m["role"] == "assistant")
+    {
+        r["continue_final_message"] = json!(true);
+    }
     let fields = [
         ("max_tokens", req.max_tokens.map(Value::from)),
         ("temperature", req.temperature.map(Value::from)),

@@ -123,6 +123,9 @@ pub async fn embed(s: &Shared, prep: EmbedPrep) -> Result<serde_json::Value, Api
         .collect();
     metrics::counter!("ferrum_embedding_inputs_total").increment(data.len() as u64);
     metrics::counter!("ferrum_prompt_tokens_total").increment(prompt_tokens as u64);
+    if let Some(t) = crate::access_log::current() {
+        t.add(prompt_tokens, 0);
+    }
     Ok(json!({
         "object": "list",
         "data": data,

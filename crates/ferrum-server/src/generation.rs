@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use crate::error::ApiError;
 use crate::guard::{body, body_len, off_reactor};
 use crate::protocol::{
-    parse, reject_unknown, ChatMessage, ChatRequest, CompletionRequest, GenParams, Prompt,
+    parse, reject_unknown, ChatMessage, ChatRequest, CompletionRequest, Ending, GenParams, Prompt,
 };
 use crate::stream::{openai_sse, stream, Chunk, Item, Tally};
 use crate::structured::{self, call_id, tool_calls_json, ToolSetup};
@@ -34,13 +34,15 @@ use crate::{now, Ready, ReasoningFormat, Shared};
 
 const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
 
-/// The chat template applied to `messages`, ready to tokenize.
+/// The chat template applied to `messages`, ready to tokenize, ending as
+/// `ending` asks.
 pub fn render_chat(
     template: Option<&ChatTemplate>,
     tok: &Tokenizer,
     messages: &[ChatMessage],
     tools: Option<&Value>,
     kwargs: Option<&serde_json::Map<String, Value>>,
+    ending: Ending,
 ) -> Result<String, ApiError> {
     let Some(template) = template else {
         return Err(ApiError::invalid(
@@ -79,18 +81,48 @@ pub fn render_chat(
     let special = tok.special();
     let (bos, eos) = (text_of(special.bos), text_of(special.eos));
     let opts = ChatOptions {
-        add_generation_prompt: true,
+        add_generation_prompt: ending == Ending::NewAnswer,
         tools,
         bos_token: &bos,
         eos_token: &eos,
         kwargs,
     };
-    template.render(&conv, &opts).map_err(|e| {
+    let text = template.render(&conv, &opts).map_err(|e| {
         ApiError::invalid(
             format!("cannot apply the chat template: {e}"),
             Some("messages"),
         )
-    })
+    })?;
+    match (ending, conv.last()) {
+        (Ending::ContinueLast, Some(last)) => open_last(text, last),
+        _ => Ok(text),
+    }
+}
+
+/// The rendered chat cut just after the last message's text, so the model
+/// continues it (the template's end-of-turn marks after it are dropped),
+/// as vLLM's `continue_final_message` does. Only an assistant's message is
+/// continued; one the template changed beyond finding is an error.
+fn open_last(mut text: String, last: &Message) -> Result<String, ApiError> {
+    let field = Some("continue_final_message");
+    if last.role != "assistant" {
+        return Err(ApiError::invalid(
+            "continue_final_message needs the last message to be the assistant's",
+            field,
+        ));
+    }
+    let content = last.content.trim_end();
+    let at = (!content.is_empty())
+        .then(|| text.rfind(content))
+        .flatten()
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "the last message is empty, or the chat template does not show it as sent, so it cannot be continued",
+                field,
+            )
+        })?;
+    text.truncate(at + content.len());
+    Ok(text)
 }
 
 /// Queues one prompt; the receiver yields its events. Refuses prompts that
@@ -157,6 +189,7 @@ fn submit(
         constraint,
         reasoning_budget: p.reasoning_budget.clone(),
         events: tx,
+        tokens: crate::access_log::current(),
     };
     if jobs.send(job).is_err() {
         s.load.pending.fetch_sub(1, Ordering::SeqCst);
@@ -371,6 +404,7 @@ pub fn prepare_chat_with(
         &req.messages,
         shown,
         req.chat_template_kwargs.as_ref(),
+        req.ending()?,
     )?;
     let prompt = tok
         .encode(&text, false, true)

@@ -7,6 +7,7 @@
 //! `/detokenize`, `/health` and Prometheus `/metrics`; `/` is a chat page
 //! for the browser (see [`webui`]) unless turned off.
 
+mod access_log;
 mod admin;
 mod anthropic;
 mod embed_worker;
@@ -52,8 +53,12 @@ pub use ferrum_formats::sampling::RecommendedSampling;
 pub struct ServeConfig {
     pub host: String,
     pub port: u16,
-    /// The `model` id clients use; requests naming another model get 404.
+    /// The `model` id clients use, and the one responses carry; requests
+    /// naming a model that is neither it nor an alias get 404.
     pub served_model_name: String,
+    /// More ids the same model answers to (vLLM's `--served-model-name A
+    /// B`); `/v1/models` lists them all, so a client can offer a choice.
+    pub model_aliases: Vec<String>,
     /// Serve requests whatever model they name (for apps that hard-code
     /// one); responses still carry `served_model_name`.
     pub accept_any_model: bool,
@@ -217,18 +222,21 @@ impl AppState {
     /// (unless any name is accepted).
     fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
         match model {
-            Some(m) if m != self.cfg.served_model_name && !self.cfg.accept_any_model => {
-                Err(ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    format!(
-                        "the model {m:?} does not exist; this server serves {:?}",
-                        self.cfg.served_model_name
-                    ),
-                    Some("model_not_found"),
-                ))
-            }
+            Some(m) if !self.serves(m) && !self.cfg.accept_any_model => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "the model {m:?} does not exist; this server serves {:?}",
+                    self.cfg.served_model_name
+                ),
+                Some("model_not_found"),
+            )),
             _ => Ok(()),
         }
+    }
+
+    /// Whether `name` is the model's id or one of its aliases.
+    fn serves(&self, name: &str) -> bool {
+        name == self.cfg.served_model_name || self.cfg.model_aliases.iter().any(|a| a == name)
     }
 
     fn request_id(&self, prefix: &str) -> String {
@@ -293,6 +301,7 @@ fn router(state: Shared) -> Router {
         ))
         .layer(middleware::from_fn(http_metrics))
         .layer(middleware::from_fn(api_error_shapes))
+        .layer(middleware::from_fn(access_log::access_log))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }

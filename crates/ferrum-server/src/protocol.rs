@@ -94,11 +94,45 @@ pub struct ChatRequest {
     /// Variables for the chat template (vLLM's and llama-server's
     /// extension, e.g. `{"enable_thinking": false}` for Qwen3).
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// vLLM's: end the prompt with the template's opening of an assistant
+    /// turn (default true).
+    pub add_generation_prompt: Option<bool>,
+    /// vLLM's: the last message (an assistant's) is left open and the
+    /// answer continues it: a cut answer goes on, or a prefilled start.
+    pub continue_final_message: Option<bool>,
     #[serde(flatten)]
     pub gen: GenFields,
     /// Every other field: refused (see [`reject_unknown`]).
     #[serde(flatten)]
     pub unknown: serde_json::Map<String, Value>,
+}
+
+/// How a rendered chat ends.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Ending {
+    /// With the opening of a new assistant turn (the usual request).
+    #[default]
+    NewAnswer,
+    /// As the template ends the last message.
+    AsIs,
+    /// Inside the last message, which the answer continues.
+    ContinueLast,
+}
+
+impl ChatRequest {
+    /// The ending these fields ask for; asking for both a new turn and the
+    /// last one continued is an error, as in vLLM.
+    pub fn ending(&self) -> Result<Ending, ApiError> {
+        match (self.add_generation_prompt, self.continue_final_message) {
+            (Some(true), Some(true)) => Err(ApiError::invalid(
+                "add_generation_prompt and continue_final_message cannot both be true",
+                Some("continue_final_message"),
+            )),
+            (_, Some(true)) => Ok(Ending::ContinueLast),
+            (Some(false), _) => Ok(Ending::AsIs),
+            _ => Ok(Ending::NewAnswer),
+        }
+    }
 }
 
 #[derive(Deserialize)]

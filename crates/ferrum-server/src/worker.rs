@@ -11,6 +11,8 @@ use ferrum_engine::{Engine, FinishReason, ReasoningBudget, Request, Sampled, Sam
 use ferrum_structured::Constraint;
 use tokio::sync::mpsc;
 
+use crate::access_log::Tokens;
+
 /// One request: `n` choices continuing `prompt`.
 pub struct Job {
     pub prompt: Vec<u32>,
@@ -26,6 +28,9 @@ pub struct Job {
     pub constraint: Option<Constraint>,
     pub reasoning_budget: Option<ReasoningBudget>,
     pub events: mpsc::UnboundedSender<Event>,
+    /// The request's counts for its log line (the prompt once, every
+    /// choice's answer).
+    pub tokens: Option<Arc<Tokens>>,
 }
 
 /// What the server reports for a job, in order per choice.
@@ -110,7 +115,7 @@ async fn run_job(engine: &Engine, job: Job) {
     }
     let mut set = tokio::task::JoinSet::new();
     for (index, rx) in streams.into_iter().enumerate() {
-        set.spawn(forward(index, rx, job.events.clone()));
+        set.spawn(forward(index, rx, job.events.clone(), job.tokens.clone()));
     }
     while set.join_next().await.is_some() {}
 }
@@ -120,6 +125,7 @@ async fn forward(
     index: usize,
     mut rx: mpsc::UnboundedReceiver<ferrum_engine::Event>,
     out: mpsc::UnboundedSender<Event>,
+    tokens: Option<Arc<Tokens>>,
 ) {
     use ferrum_engine::Event as E;
     let (mut logprobs, mut prompt_logprobs) = (Vec::new(), Vec::new());
@@ -150,6 +156,12 @@ async fn forward(
                 true
             }
             Some(E::Done(c)) => {
+                if let Some(t) = &tokens {
+                    t.add(
+                        if index == 0 { c.prompt_tokens } else { 0 },
+                        c.completion_tokens,
+                    );
+                }
                 let done = ChoiceDone {
                     finish: c.finish,
                     tokens: c.completion_tokens,

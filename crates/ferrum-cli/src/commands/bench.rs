@@ -52,6 +52,10 @@ pub struct BenchArgs {
     /// Tokens already in the context when tg starts (llama-bench's -d).
     #[arg(short = 'd', long, default_value_t = 0)]
     depth: usize,
+    /// Context size per sequence, for tests longer than the default 4096
+    /// positions (default: FERRUM_KV_CAPACITY, else 4096).
+    #[arg(short = 'c', long, value_name = "N", value_parser = super::at_least_one)]
+    ctx: Option<usize>,
     /// CPU threads (default: one per core).
     #[arg(short = 't', long)]
     threads: Option<usize>,
@@ -294,6 +298,7 @@ fn measure_all(args: BenchArgs) -> Result<()> {
     }
     // Room for the batch beside the single sequence.
     let mut pool = args.kv.pool(args.device)?;
+    pool.context = args.ctx;
     if let Some(b) = args.batch {
         pool.sequences = pool.sequences.max(b + 1);
     }
@@ -330,7 +335,7 @@ fn measure_all(args: BenchArgs) -> Result<()> {
     let capacity = model.kv_capacity();
     let longest = args.n_prompt.max(args.depth.max(1) + args.n_gen);
     if longest > capacity {
-        bail!("a test needs {longest} positions but the KV capacity is {capacity} (set FERRUM_KV_CAPACITY)");
+        bail!("a test needs {longest} positions but the context holds {capacity} (give --ctx {longest})");
     }
     let threads = match args.device {
         Device::Cpu => ferrum_kernels::cpu::threads().to_string(),

@@ -16,6 +16,7 @@ use ferrum_formats::model_cache_dir as cache_dir;
 use ferrum_formats::safetensors::SafeTensors;
 use serde_json::json;
 
+use super::human_bytes;
 use crate::pull::RECIPES;
 
 #[derive(Args)]
@@ -299,11 +300,24 @@ fn dominant(sizes: impl Iterator<Item = (String, u64)>) -> Option<String> {
 
 /// Removes a cache entry and the bytes it points at: a link into the Hub
 /// cache takes its target (the Hub's blob) with it, so space is freed, not
-/// just a name. The Hub's own snapshot link then dangles and a later pull
-/// downloads again.
+/// just a name. A later pull downloads again.
 fn remove(path: &Path) -> std::io::Result<()> {
-    for f in real_files(path) {
-        std::fs::remove_file(&f)?;
+    let files = real_files(path);
+    for f in &files {
+        std::fs::remove_file(f)?;
+    }
+    // A Hub repo folder with no blobs left holds only names (refs, empty
+    // snapshot folders, hf-hub's `.lock` files): it goes too, so the cache
+    // keeps no empty shells.
+    for repo in files.iter().filter_map(|f| hub_repo_of(f)) {
+        let blobs_left = std::fs::read_dir(repo.join("blobs")).map_or(0, |d| {
+            d.flatten()
+                .filter(|e| !e.file_name().to_string_lossy().ends_with(".lock"))
+                .count()
+        });
+        if blobs_left == 0 {
+            let _ = std::fs::remove_dir_all(repo);
+        }
     }
     // What is left of the name: a link, or a folder (of links).
     let left = if path.is_symlink() {
@@ -319,29 +333,11 @@ fn remove(path: &Path) -> std::io::Result<()> {
     }
 }
 
-/// "1.2 GB", "96.1 MB", "512 B" (decimal units, as download pages give).
-fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 4] = ["kB", "MB", "GB", "TB"];
-    if n < 1000 {
-        return format!("{n} B");
-    }
-    let mut v = n as f64 / 1000.0;
-    let mut unit = 0;
-    while v >= 1000.0 && unit + 1 < UNITS.len() {
-        v /= 1000.0;
-        unit += 1;
-    }
-    format!("{v:.1} {}", UNITS[unit])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::human_bytes;
-
-    #[test]
-    fn sizes_read_like_download_pages() {
-        assert_eq!(human_bytes(512), "512 B");
-        assert_eq!(human_bytes(96_100_000), "96.1 MB");
-        assert_eq!(human_bytes(1_234_000_000), "1.2 GB");
-    }
+/// The Hub repo folder (`models--owner--name`) a file lies in, if any.
+fn hub_repo_of(file: &Path) -> Option<&Path> {
+    file.ancestors().find(|a| {
+        a.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("models--"))
+    })
 }

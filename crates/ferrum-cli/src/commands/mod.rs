@@ -7,6 +7,7 @@ pub mod cache;
 pub mod embed;
 pub mod inspect;
 pub mod perplexity;
+pub mod ps;
 mod repl;
 pub mod run;
 pub mod serve;
@@ -24,5 +25,32 @@ pub fn at_least_one(s: &str) -> Result<usize, String> {
         Err(_) => Err(format!(
             "{s:?} is not a whole number (give one of at least 1)"
         )),
+    }
+}
+
+/// "1.2 GB", "96.1 MB", "512 B" (decimal units, as download pages give).
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["kB", "MB", "GB", "TB"];
+    if n < 1000 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1000.0;
+    let mut unit = 0;
+    while v >= 1000.0 && unit + 1 < UNITS.len() {
+        v /= 1000.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::human_bytes;
+
+    #[test]
+    fn sizes_read_like_download_pages() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(96_100_000), "96.1 MB");
+        assert_eq!(human_bytes(1_234_000_000), "1.2 GB");
     }
 }

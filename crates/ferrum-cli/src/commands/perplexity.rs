@@ -23,8 +23,8 @@ pub struct PerplexityArgs {
     /// Text file to score.
     #[arg(long)]
     file: PathBuf,
-    /// Tokens per chunk.
-    #[arg(long, default_value_t = 512)]
+    /// Tokens per chunk, which is also the context size (llama-perplexity's -c).
+    #[arg(long, short = 'c', default_value_t = 512)]
     ctx: usize,
     /// Score at most this many chunks (default: all).
     #[arg(long)]
@@ -45,10 +45,12 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
     let tokens = tok.encode(&text, true, false)?;
-    let mut model = KvManaged::new(files.load_llm(args.device, &args.kv.pool(args.device)?)?);
+    let mut pool = args.kv.pool(args.device)?;
+    pool.context = Some(args.ctx);
+    let mut model = KvManaged::new(files.load_llm(args.device, &pool)?);
     if args.ctx > model.kv_capacity() {
         bail!(
-            "--ctx {} exceeds the KV capacity {} (set FERRUM_KV_CAPACITY)",
+            "--ctx {} is longer than the model's context ({} tokens)",
             args.ctx,
             model.kv_capacity()
         );

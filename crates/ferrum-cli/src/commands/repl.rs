@@ -130,8 +130,9 @@ fn block(lines: &mut Lines, first: &str) -> Result<Option<String>> {
 
 /// The interactive chat.
 pub(super) fn chat(session: &mut Session) -> Result<()> {
+    // Two short lines, so the banner fits 80 columns.
     eprintln!(
-        "Chatting with {}. /help lists commands, /bye (or Ctrl-D) quits, Ctrl-C stops an answer.",
+        "Chatting with {}.\n/help lists commands, /bye or Ctrl-D quits, Ctrl-C stops an answer.",
         session.args.model.name()
     );
     let mut lines = Lines::open()?;

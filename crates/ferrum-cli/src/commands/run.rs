@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use ferrum_engine::{Completion, Engine, EngineConfig, Event, Request, SamplingParams};
+use ferrum_engine::{
+    Completion, Engine, EngineConfig, Event, FinishReason, Request, SamplingParams,
+};
 use ferrum_structured::{Constraint, GrammarSpec, Grammars};
 use ferrum_tokenizer::chat::{ChatOptions, ChatTemplate, Message};
 use ferrum_tokenizer::Tokenizer;
@@ -233,7 +235,8 @@ impl Session<'_> {
 
     /// Streams one answer to stdout (through `view`) and returns its text.
     /// Earlier turns of a chat are not recomputed: the engine's prefix
-    /// cache holds them.
+    /// cache holds them. An answer held to a grammar and cut by `-n` (or
+    /// the context) is incomplete: that is an error, after the text.
     fn generate(&self, prompt: Vec<u32>, view: ThinkingView) -> Result<String> {
         let req = Request {
             prompt,
@@ -250,10 +253,23 @@ impl Session<'_> {
         self.generating.store(true, Ordering::SeqCst);
         let result = self.stream(req, view);
         self.generating.store(false, Ordering::SeqCst);
-        result
+        let (text, done) = result?;
+        let cut = done.is_some_and(|c| c.finish == FinishReason::Length);
+        if cut && self.constraint.is_some() {
+            let what = match self.args.json_schema {
+                Some(_) => "the JSON is incomplete",
+                None => "it is incomplete under the grammar",
+            };
+            bail!(
+                "the answer was cut at {} tokens, so {what}; raise -n",
+                self.max_tokens
+            );
+        }
+        Ok(text)
     }
 
-    fn stream(&self, req: Request, mut view: ThinkingView) -> Result<String> {
+    /// The answer's text, and how it finished (`None`: stopped by Ctrl-C).
+    fn stream(&self, req: Request, mut view: ThinkingView) -> Result<(String, Option<Completion>)> {
         let start = Instant::now();
         let mut rx = self.engine.submit(req)?;
         let mut stdout = std::io::stdout();
@@ -304,13 +320,50 @@ impl Session<'_> {
                 timing.line(done.as_ref(), st.get(&st.drafted), st.get(&st.accepted))
             );
         }
-        Ok(text)
+        Ok((text, done))
     }
 
     fn one_shot(&self, prompt: &str) -> Result<()> {
         let ids = self.tok.encode(prompt, true, false)?;
         self.generate(ids, ThinkingView::new(false, prompt, false, false))?;
         Ok(())
+    }
+
+    /// Renders `conv` with `render`, first dropping its oldest exchanges
+    /// (never the system message or the newest message) while the prompt
+    /// and room for an answer would overflow the context, as Ollama does,
+    /// and saying so in one dim line. The room kept is `-n`, at most half
+    /// the context, so a long `-n` cannot empty a chat. A newest message
+    /// that alone does not fit is left for the engine to refuse by name.
+    fn fit<T>(
+        &self,
+        conv: &mut Vec<Message>,
+        render: impl Fn(&[Message]) -> Result<(T, Vec<u32>)>,
+    ) -> Result<(T, Vec<u32>)> {
+        let capacity = self.engine.capacity();
+        let room = self.max_tokens.min(capacity / 2);
+        let mut dropped = 0;
+        loop {
+            let (rendered, prompt) = render(conv)?;
+            let Some(n) = oldest_exchange(conv).filter(|_| prompt.len() + room > capacity) else {
+                if dropped > 0 {
+                    let line = format!(
+                        "(dropped the {dropped} oldest messages to fit the {capacity}-token context; --ctx sets it)"
+                    );
+                    let dim =
+                        std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+                    if dim {
+                        eprintln!("\x1b[2m{line}\x1b[0m");
+                    } else {
+                        eprintln!("{line}");
+                    }
+                }
+                return Ok((rendered, prompt));
+            };
+            let first = conv.iter().position(|m| m.role != "system").unwrap_or(0);
+            conv.drain(first..first + n);
+            dropped += n;
+        }
     }
 
     /// Renders the conversation, generates and appends the answer.
@@ -332,8 +385,11 @@ impl Session<'_> {
             eos_token: &eos,
             kwargs: None,
         };
-        let rendered = template.render(conv, &opts)?;
-        let prompt = self.tok.encode(&rendered, false, true)?;
+        let (rendered, prompt) = self.fit(conv, |c| {
+            let rendered = template.render(c, &opts)?;
+            let prompt = self.tok.encode(&rendered, false, true)?;
+            Ok((rendered, prompt))
+        })?;
         let thinks = self
             .tok
             .chat_template()
@@ -344,6 +400,19 @@ impl Session<'_> {
         conv.push(Message::new("assistant", text));
         Ok(())
     }
+}
+
+/// How many messages the oldest exchange after the system message holds
+/// (a user message and the answers up to the next user message); `None`
+/// when only the newest message is left to drop.
+fn oldest_exchange(conv: &[Message]) -> Option<usize> {
+    let first = conv.iter().position(|m| m.role != "system")?;
+    let next_user = conv[first + 1..]
+        .iter()
+        .position(|m| m.role == "user")
+        .map_or(conv.len(), |i| first + 1 + i);
+    let n = next_user - first;
+    (first + n < conv.len()).then_some(n)
 }
 
 /// When an answer's tokens came, for `--verbose`.
@@ -396,7 +465,24 @@ impl Timing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferrum_engine::FinishReason;
+
+    #[test]
+    fn the_oldest_exchange_goes_first_and_the_newest_message_stays() {
+        let conv = |roles: &[&str]| -> Vec<Message> {
+            roles.iter().map(|r| Message::new(*r, "x")).collect()
+        };
+        let c = conv(&["system", "user", "assistant", "user", "assistant", "user"]);
+        assert_eq!(oldest_exchange(&c), Some(2));
+        assert_eq!(oldest_exchange(&c[..4]), Some(2));
+        assert_eq!(oldest_exchange(&conv(&["system", "user"])), None);
+        assert_eq!(oldest_exchange(&conv(&["user"])), None);
+        assert_eq!(oldest_exchange(&conv(&["system"])), None);
+        // An answer cut off and a second user message: both users' turns.
+        assert_eq!(
+            oldest_exchange(&conv(&["user", "user", "assistant", "user"])),
+            Some(1)
+        );
+    }
 
     #[test]
     fn verbose_line_reports_counts_and_rates() {

@@ -32,9 +32,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 8000)]
     port: u16,
     /// The model id clients send (default: the --model alias, or the
-    /// file or folder name of a --model path).
-    #[arg(long)]
-    served_model_name: Option<String>,
+    /// file or folder name of a --model path). Several names: the model
+    /// answers to each, responses carry the first (as vLLM does).
+    #[arg(long, num_args = 1..)]
+    served_model_name: Vec<String>,
     /// Require `Authorization: Bearer KEY` on /v1/* (also FERRUM_API_KEY).
     #[arg(long, env = "FERRUM_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
@@ -148,7 +149,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         port: args.port,
         served_model_name: args
             .served_model_name
+            .first()
+            .cloned()
             .unwrap_or_else(|| served_name(args.model.name())),
+        model_aliases: args.served_model_name.iter().skip(1).cloned().collect(),
         accept_any_model: args.accept_any_model,
         api_keys: match &args.api_key_file {
             Some(f) => read_keys(f)?,
@@ -225,8 +229,8 @@ fn read_keys(path: &Path) -> Result<Vec<String>> {
 }
 
 /// What `serve` prints once the port is bound: where a person and a client
-/// go. A wildcard address is shown as `localhost`, which a browser on this
-/// machine can open.
+/// go, one per line so it fits 80 columns. A wildcard address is shown as
+/// `localhost`, which a browser on this machine can open.
 fn start_line(addr: SocketAddr, webui: bool) -> String {
     let host = match addr.ip() {
         ip if ip.is_unspecified() => "localhost".to_string(),
@@ -234,16 +238,15 @@ fn start_line(addr: SocketAddr, webui: bool) -> String {
         IpAddr::V4(ip) => ip.to_string(),
     };
     let base = format!("http://{host}:{}", addr.port());
-    let all = if addr.ip().is_unspecified() {
-        " (listening on all interfaces)"
-    } else {
-        ""
-    };
+    let mut out = String::from("ferrum serve\n");
     if webui {
-        format!("ferrum serve: chat at {base}/ and the OpenAI API at {base}/v1{all}")
-    } else {
-        format!("ferrum serve: OpenAI API at {base}/v1{all}")
+        out += &format!("  chat page   {base}/\n");
     }
+    out += &format!("  OpenAI API  {base}/v1");
+    if addr.ip().is_unspecified() {
+        out += "\n  listening on all interfaces";
+    }
+    out
 }
 
 #[cfg(test)]
@@ -263,19 +266,21 @@ mod tests {
     }
 
     #[test]
-    fn start_line_names_a_url_a_browser_can_open() {
+    fn start_line_names_a_url_a_browser_can_open_in_80_columns() {
         let at = |a: &str| a.parse().unwrap_or_else(|e| panic!("{a}: {e}"));
         assert_eq!(
             start_line(at("127.0.0.1:8000"), true),
-            "ferrum serve: chat at http://127.0.0.1:8000/ and the OpenAI API at http://127.0.0.1:8000/v1"
+            "ferrum serve\n  chat page   http://127.0.0.1:8000/\n  OpenAI API  http://127.0.0.1:8000/v1"
         );
         assert_eq!(
             start_line(at("0.0.0.0:80"), false),
-            "ferrum serve: OpenAI API at http://localhost:80/v1 (listening on all interfaces)"
+            "ferrum serve\n  OpenAI API  http://localhost:80/v1\n  listening on all interfaces"
         );
-        assert_eq!(
-            start_line(at("[::1]:9"), false),
-            "ferrum serve: OpenAI API at http://[::1]:9/v1"
-        );
+        let widest = start_line(at("[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535"), true);
+        assert!(widest.lines().all(|l| l.len() <= 80), "{widest}");
+        assert!(start_line(at("[::1]:9"), false).ends_with("  OpenAI API  http://[::1]:9/v1"));
+        assert!(start_line(at("255.255.255.255:65535"), true)
+            .lines()
+            .all(|l| l.len() <= 80));
     }
 }

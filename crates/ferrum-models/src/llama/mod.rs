@@ -39,7 +39,7 @@ pub use quantized::checkpoint_layouts;
 use tensors::Source;
 use weights::{Mlp, Weights};
 
-use crate::llm::{kv_capacity_from_env, KvPoolConfig, LlmRuntimeConfig, LoadProgress};
+use crate::llm::{KvPoolConfig, LlmRuntimeConfig, LoadProgress};
 use crate::paged::{check_tokens, BatchItem, KvPool, PagedLlm};
 
 /// Per-sequence KV capacity when `FERRUM_KV_CAPACITY` is not set (clamped to
@@ -298,7 +298,7 @@ impl<B: Backend> LlamaModel<B> {
     /// the pool size.
     fn new(cfg: LlamaConfig, mut w: Weights<B>, pool: &KvPoolConfig) -> Result<Self> {
         w.set_int8_inputs(true);
-        let default_capacity = kv_capacity_from_env(cfg.max_seq_len, DEFAULT_KV_CAPACITY);
+        let default_capacity = pool.sequence_capacity(cfg.max_seq_len, DEFAULT_KV_CAPACITY)?;
         let tokens = pool.resolve_tokens(default_capacity);
         let kv_capacity = default_capacity.min(tokens);
         let kv = KvStore::new(
