@@ -133,3 +133,15 @@ def test_thinking_blocks_and_their_budget(thinking_template_server):
         streamed = s.get_final_message()
     assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in streamed.content] == \
         [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in m.content]
+
+
+def test_a_last_assistant_message_is_a_prefill_the_answer_continues(chat_server):
+    start = "The capital of France is"
+    ask = [{"role": "user", "content": "What is the capital of France?"}]
+    m = client(chat_server).messages.create(model=SMOL, max_tokens=8, extra_body=GREEDY,
+                                            messages=ask + [{"role": "assistant", "content": start}])
+    ref = openai_answer(chat_server, SMOL, ask + [{"role": "assistant", "content": start}], 8,
+                        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    assert m.content[0].text == ref.choices[0].message.content
+    # The continuation, not a new turn: no end-of-turn mark or fresh greeting between them.
+    assert not m.content[0].text.lstrip().startswith(("The capital", "<|im"))

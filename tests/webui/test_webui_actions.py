@@ -237,6 +237,20 @@ def test_context_overflow_offers_to_drop_the_oldest_turns(browser, small_context
         expect(page.locator(".msg.user")).to_have_count(1)
         expect(page.locator(".msg.user .body")).to_contain_text("Second:")
         expect(p.last_answer().locator(".stats")).not_to_contain_text("Error")
+
+        # Or a new chat: the question, with a summary of the old chat as its system prompt.
+        p.ask("Third: " + long)
+        expect(p.last_answer().locator(".stats")).to_contain_text("context", timeout=ANSWER_MS)
+        sent = []
+        page.on("request", lambda r: sent.append(r.post_data_json) if r.url.endswith("/chat/completions") else None)
+        p.last_answer().get_by_role("button", name="Start a new chat with this message and a summary").click()
+        p.wait_answered()
+        expect(page.locator("#conversations li")).to_have_count(2)
+        expect(page.locator(".msg.user")).to_have_count(1)
+        expect(page.locator(".msg.user .body")).to_contain_text("Third:")
+        system = sent[-1]["messages"][0]
+        assert system["role"] == "system" and "Summary of our earlier conversation" in system["content"]
+        assert "You answered:" in system["content"], system
     finally:
         p.close()
 

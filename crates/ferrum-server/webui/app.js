@@ -951,17 +951,24 @@ function dropOldest(conv, m) {
   answer(conv);
 }
 
-// A new chat that starts from a summary of this one (the last few turns,
-// shortened) and the message that did not fit.
+// A new chat that starts from a summary of this one and the message that
+// did not fit. The summary is the latest turns, each cut to 200
+// characters, newest first until about a quarter of the context (a
+// character is roughly a quarter of a token) is used.
 function newChatFrom(conv, m) {
   if (state.busy) return;
   const at = conv.messages.indexOf(m);
   const question = conv.messages[at - 1];
   const earlier = conv.messages.slice(0, at - 1).filter((x) => x.content && !x.error);
-  const summary = earlier
-    .slice(-6)
-    .map((x) => `${x.role === "user" ? "I asked" : "You answered"}: ${x.content.replace(/\s+/g, " ").slice(0, 200)}`)
-    .join("\n");
+  let budget = state.context || 4096;
+  const lines = [];
+  for (const x of earlier.reverse()) {
+    const line = `${x.role === "user" ? "I asked" : "You answered"}: ${x.content.replace(/\s+/g, " ").slice(0, 200)}`;
+    if (line.length > budget) break;
+    budget -= line.length;
+    lines.unshift(line);
+  }
+  const summary = lines.join("\n");
   const c = newConv();
   c.settings = { ...(conv.settings || {}) };
   if (summary) {
