@@ -448,7 +448,106 @@ pub struct AttnSegment<'a> {
 }
 
 /// What [`Backend::qk_norm_rope`] does to each head on its way from
-/// token-major to head-major.
+/// token-major to head-major, with what that step reads. Each input lives
+/// in the variant that reads it (a norm weight only in `NormRope`), where
+/// loose arguments needed "ignored unless" rules and dummies at call sites.
+pub enum QkOp<'a, B: Backend> {
+    /// Only the transpose (V, BERT's Q and K).
+    Transpose,
+    /// RoPE with the tables `cos`/`sin` (Q/K of Llama, Mistral, Qwen2).
+    Rope {
+        cos: &'a B::Buffer,
+        sin: &'a B::Buffer,
+    },
+    /// Per-head RMS norm with `weight[head_dim]` and `eps`, then RoPE (Q/K
+    /// of models with QK-norm such as Qwen3 and Gemma 3).
+    NormRope {
+        weight: &'a B::Buffer,
+        eps: f32,
+        cos: &'a B::Buffer,
+        sin: &'a B::Buffer,
+    },
+}
+
+// By hand: a derive would ask `B: Copy`, where only references are copied.
+impl<B: Backend> Clone for QkOp<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend> Copy for QkOp<'_, B> {}
+
+impl<'a, B: Backend> QkOp<'a, B> {
+    /// The kernels' view: the mode, norm weight, RoPE tables and epsilon.
+    /// Kernels take every operand whatever the mode, so `unused` (any live
+    /// buffer, never read) stands in for what this op does not read.
+    pub fn operands(
+        &self,
+        unused: &'a B::Buffer,
+    ) -> (QkMode, &'a B::Buffer, [&'a B::Buffer; 2], f32) {
+        match *self {
+            Self::Transpose => (QkMode::Transpose, unused, [unused, unused], 0.0),
+            Self::Rope { cos, sin } => (QkMode::Rope, unused, [cos, sin], 0.0),
+            Self::NormRope { weight, eps, cos, sin } => (QkMode::NormRope, weight, [cos, sin], eps),
+        }
+    }
+}
+
+/// How one attention layer prepares its Q and K: the optional per-head
+/// norm (Qwen3, Gemma 3), then RoPE with the layer's tables (a sliding
+/// layer may have its own). V is only transposed.
+pub struct QkPrep<'a, B: Backend> {
+    pub norm: Option<QkNorm<'a, B>>,
+    pub cos: &'a B::Buffer,
+    pub sin: &'a B::Buffer,
+}
+
+/// Q's and K's per-head RMS norm weights, and its epsilon.
+pub struct QkNorm<'a, B: Backend> {
+    pub q: &'a B::Buffer,
+    pub k: &'a B::Buffer,
+    pub eps: f32,
+}
+
+impl<B: Backend> Clone for QkPrep<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend> Copy for QkPrep<'_, B> {}
+
+impl<B: Backend> Clone for QkNorm<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend> Copy for QkNorm<'_, B> {}
+
+impl<'a, B: Backend> QkPrep<'a, B> {
+    /// What Q goes through.
+    pub fn q(&self) -> QkOp<'a, B> {
+        self.op(self.norm.map(|n| (n.q, n.eps)))
+    }
+
+    /// What K goes through.
+    pub fn k(&self) -> QkOp<'a, B> {
+        self.op(self.norm.map(|n| (n.k, n.eps)))
+    }
+
+    fn op(&self, norm: Option<(&'a B::Buffer, f32)>) -> QkOp<'a, B> {
+        let (cos, sin) = (self.cos, self.sin);
+        match norm {
+            Some((weight, eps)) => QkOp::NormRope { weight, eps, cos, sin },
+            None => QkOp::Rope { cos, sin },
+        }
+    }
+}
+
+/// The kernels' name for a [`QkOp`] (the seed passes the mode as an `i32`;
+/// an enum makes an unknown mode unrepresentable).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(i32)]
 pub enum QkMode {
@@ -746,24 +845,16 @@ pub trait Backend: Send + Sync + Sized + 'static {
     );
 
     /// Prepares Q, K or V for attention: token-major `[tokens, heads,
-    /// head_dim]` in, head-major `[heads, tokens, head_dim]` out.
-    ///
-    /// `mode` says what happens on the way (see [`QkMode`]). Token `i` is
-    /// at position `pos_offset + i`. `norm_w` and `eps` are ignored unless
-    /// the mode is [`QkMode::NormRope`], `cos`/`sin` when it is
-    /// [`QkMode::Transpose`]. (The seed passes the mode as an `i32`; an
-    /// enum makes an unknown mode unrepresentable.)
-    #[allow(clippy::too_many_arguments)]
+    /// head_dim]` in, head-major `[heads, tokens, head_dim]` out, through
+    /// `op` on the way (see [`QkOp`]). Token `i` is at position
+    /// `pos_offset + i`.
     fn qk_norm_rope(
         ctx: &mut Self::Context,
         input: &Self::Buffer,
-        norm_w: &Self::Buffer,
-        rope: [&Self::Buffer; 2],
+        op: QkOp<'_, Self>,
         output: &mut Self::Buffer,
         shape: Heads,
         pos_offset: usize,
-        eps: f32,
-        mode: QkMode,
     );
 
     /// Writes `new_tokens` head-major K/V rows (`[nkv, new_tokens, hd]`) at
@@ -803,9 +894,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// sequence. Segment `s`'s token is row `r = s.offset / (nh · hd)` of
     /// the token-major `q` (`[rows, nh · hd]`), `k` and `v` (`[rows, nkv ·
     /// hd]`), at position `s.pos_offset` (`q_len` must be 1). Its Q goes
-    /// through `mode` (with `norms[0]`) into `q_out` at `s.offset` (one
-    /// token's head-major rows are its row), its K through `mode` (with
-    /// `norms[1]`) and its V unchanged into its pages at that position.
+    /// through `prep.q()` into `q_out` at `s.offset` (one token's head-major
+    /// rows are its row), its K through `prep.k()` and its V unchanged into
+    /// its pages at that position.
     ///
     /// Why one call: per sequence and layer this was nine small calls
     /// (three copies out of the batch, three `qk_norm_rope`, one append,
@@ -815,24 +906,16 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// that step on a Zen 4, `ferrum bench --profile`); on a backend that
     /// launches a kernel per call, it is 30 launches instead of 2,160.
     /// The default is those per-sequence calls, through temporaries.
-    #[allow(clippy::too_many_arguments)]
     fn decode_rows_qkv(
         ctx: &mut Self::Context,
         qkv: [&Self::Buffer; 3],
-        norms: [&Self::Buffer; 2],
-        rope: [&Self::Buffer; 2],
+        prep: QkPrep<'_, Self>,
         q_out: &mut Self::Buffer,
         pools: [&mut Self::Buffer; 2],
         segs: &[AttnSegment],
         cfg: &AttnConfig,
-        eps: f32,
-        mode: QkMode,
     ) {
-        let [k_pool, v_pool] = pools;
-        let [cos, sin] = rope;
-        crate::paged::rows_by_parts::<Self>(
-            ctx, qkv, norms, cos, sin, q_out, k_pool, v_pool, segs, cfg, eps, mode,
-        );
+        crate::paged::rows_by_parts::<Self>(ctx, qkv, prep, q_out, pools, segs, cfg);
     }
 
     /// `[heads, tokens, dim]` → `[tokens, heads, dim]`, to bring attention

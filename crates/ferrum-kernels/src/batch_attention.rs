@@ -8,7 +8,7 @@
 //! kernels for (as vLLM's attention backends and llama.cpp's `build_attn`
 //! keep that choice out of the model code).
 
-use crate::{AttnConfig, AttnSegment, Backend, Heads, QkMode, Span};
+use crate::{AttnConfig, AttnSegment, Backend, Heads, QkOp, QkPrep, Span};
 
 /// What one layer's attention reads and writes, besides the segments and
 /// the scratch space.
@@ -18,14 +18,8 @@ pub struct AttnLayer<'a, B: Backend> {
     pub q: &'a B::Buffer,
     pub k: &'a B::Buffer,
     pub v: &'a B::Buffer,
-    /// Q and K norm weights, read only in [`QkMode::NormRope`].
-    pub q_norm: &'a B::Buffer,
-    pub k_norm: &'a B::Buffer,
-    /// The layer's RoPE tables (a sliding layer may have its own).
-    pub cos: &'a B::Buffer,
-    pub sin: &'a B::Buffer,
-    pub eps: f32,
-    pub mode: QkMode,
+    /// How Q and K are normed and rotated.
+    pub prep: QkPrep<'a, B>,
     pub cfg: &'a AttnConfig,
     /// The layer's paged K/V pools, which the new tokens are written into.
     pub k_pool: &'a mut B::Buffer,
@@ -152,14 +146,11 @@ pub fn run<B: Backend>(
             B::decode_rows_qkv(
                 ctx,
                 [a.q, a.k, a.v],
-                [a.q_norm, a.k_norm],
-                [a.cos, a.sin],
+                a.prep,
                 &mut s.heads_q,
                 [a.k_pool, a.v_pool],
                 part,
                 a.cfg,
-                a.eps,
-                a.mode,
             );
             B::paged_attention_segments(ctx, &s.heads_q, [a.k_pool, a.v_pool], part, out, a.cfg);
         }
@@ -199,41 +190,11 @@ fn per_sequence<B: Backend>(
         } else {
             (&s.seg_q, &s.seg_k, &s.seg_v)
         };
-        let (cos, sin, eps) = (a.cos, a.sin, a.eps);
-        B::qk_norm_rope(
-            ctx,
-            q_in,
-            a.q_norm,
-            [cos, sin],
-            &mut s.seg_qh,
-            Heads { tokens: n, heads: nh, head_dim: hd },
-            p,
-            eps,
-            a.mode,
-        );
-        B::qk_norm_rope(
-            ctx,
-            k_in,
-            a.k_norm,
-            [cos, sin],
-            &mut s.seg_kh,
-            Heads { tokens: n, heads: nkv, head_dim: hd },
-            p,
-            eps,
-            a.mode,
-        );
-        let transpose = QkMode::Transpose;
-        B::qk_norm_rope(
-            ctx,
-            v_in,
-            a.k_norm,
-            [cos, sin],
-            &mut s.seg_vh,
-            Heads { tokens: n, heads: nkv, head_dim: hd },
-            p,
-            eps,
-            transpose,
-        );
+        let kv_heads = Heads { tokens: n, heads: nkv, head_dim: hd };
+        let q_heads = Heads { tokens: n, heads: nh, head_dim: hd };
+        B::qk_norm_rope(ctx, q_in, a.prep.q(), &mut s.seg_qh, q_heads, p);
+        B::qk_norm_rope(ctx, k_in, a.prep.k(), &mut s.seg_kh, kv_heads, p);
+        B::qk_norm_rope(ctx, v_in, QkOp::Transpose, &mut s.seg_vh, kv_heads, p);
         let (kp, vp) = (&mut *a.k_pool, &mut *a.v_pool);
         B::paged_kv_append(
             ctx,

@@ -16,8 +16,8 @@ mod shapes;
 
 pub use backend::{
     input_order, pack_bytes, packed_bytes, AttnConfig, AttnSegment, Backend, Capabilities,
-    ExpertRows, GgufQuantType, KvCache, KvDtype, PagedKv, QkMode, QuantKind, QuantWeights,
-    ReduceOp,
+    ExpertRows, GgufQuantType, KvCache, KvDtype, PagedKv, QkMode, QkNorm, QkOp, QkPrep, QuantKind,
+    QuantWeights, ReduceOp,
 };
 pub use batch_attention::{AttnLayer, AttnPlan, AttnScratch};
 pub use cpu::{CpuBackend, CpuBuffer, CpuDtype, CpuGptqWeight};

@@ -4,7 +4,7 @@
 //! backends without dedicated kernels, and the reference the dedicated
 //! kernels are tested against.
 
-use crate::{AttnConfig, AttnSegment, Backend, Heads, PagedKv, QkMode, Span};
+use crate::{AttnConfig, AttnSegment, Backend, Heads, PagedKv, QkPrep, Span};
 
 /// Gathers keys/values `0..kv_len` into contiguous head-major buffers and
 /// runs [`Backend::flash_attention`] on them.
@@ -75,20 +75,14 @@ pub fn copy_append<B: Backend>(
 
 /// [`Backend::decode_rows_qkv`] as per-sequence `qk_norm_rope` and
 /// `paged_kv_append` calls on one-token temporaries.
-#[allow(clippy::too_many_arguments)]
 pub fn rows_by_parts<B: Backend>(
     ctx: &mut B::Context,
     [q, k, v]: [&B::Buffer; 3],
-    [q_norm, k_norm]: [&B::Buffer; 2],
-    cos: &B::Buffer,
-    sin: &B::Buffer,
+    prep: QkPrep<'_, B>,
     q_out: &mut B::Buffer,
-    k_pool: &mut B::Buffer,
-    v_pool: &mut B::Buffer,
+    [k_pool, v_pool]: [&mut B::Buffer; 2],
     segs: &[AttnSegment],
     cfg: &AttnConfig,
-    eps: f32,
-    mode: QkMode,
 ) {
     let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
     let (qd, kvd) = (nh * hd, nkv * hd);
@@ -101,26 +95,20 @@ pub fn rows_by_parts<B: Backend>(
         B::qk_norm_rope(
             ctx,
             &x,
-            q_norm,
-            [cos, sin],
+            prep.q(),
             &mut y,
             Heads { tokens: 1, heads: nh, head_dim: hd },
             p,
-            eps,
-            mode,
         );
         B::copy_slice(ctx, &y, 0, q_out, s.offset, qd);
         B::copy_slice(ctx, k, r * kvd, &mut x, 0, kvd);
         B::qk_norm_rope(
             ctx,
             &x,
-            k_norm,
-            [cos, sin],
+            prep.k(),
             &mut kh,
             Heads { tokens: 1, heads: nkv, head_dim: hd },
             p,
-            eps,
-            mode,
         );
         // One token's V is already head-major.
         B::copy_slice(ctx, v, r * kvd, &mut vh, 0, kvd);

@@ -13,8 +13,8 @@
 
 use ferrum_kernels::{
     copy_append, gather_attention, rows_by_parts, AttnConfig, AttnSegment, Backend, CpuBackend,
-    Gemm, Heads, KvCache, KvDtype, Mat, PagedKv, QkMode, QuantKind, QuantWeights, ReduceOp,
-    SeedOps, Span,
+    Gemm, Heads, KvCache, KvDtype, Mat, PagedKv, QkMode, QkNorm, QkOp, QkPrep, QuantKind,
+    QuantWeights, ReduceOp, SeedOps, Span,
 };
 use half::f16;
 use proptest::prelude::*;
@@ -723,17 +723,14 @@ fn qk_norm_rope_all_modes() {
                 }
             }
             let mut out = B::from_slice(&vec![f32::NAN; x.len()]);
-            B::qk_norm_rope(
-                &mut (),
-                &buf(&x),
-                &buf(&nw),
-                [&buf(&cos), &buf(&sin)],
-                &mut out,
-                Heads { tokens, heads, head_dim: hd },
-                pos_offset,
-                1e-6,
-                mode,
-            );
+            let (weight, cos, sin) = (&buf(&nw), &buf(&cos), &buf(&sin));
+            let op = match mode {
+                QkMode::Transpose => QkOp::Transpose,
+                QkMode::Rope => QkOp::Rope { cos, sin },
+                QkMode::NormRope => QkOp::NormRope { weight, eps: 1e-6, cos, sin },
+            };
+            let shape = Heads { tokens, heads, head_dim: hd };
+            B::qk_norm_rope(&mut (), &buf(&x), op, &mut out, shape, pos_offset);
             assert_close(&format!("qk_norm_rope {mode:?}"), &out, &want, |i| {
                 2e-6 * (1.0 + want[i].abs())
             });
@@ -789,37 +786,20 @@ fn decode_rows_qkv_equals_per_sequence_ops() {
                     (buf(&start.0), kp, vp)
                 };
                 let ((mut qa, mut ka, mut va), (mut qb, mut kb, mut vb)) = (fresh(), fresh());
-                let (qkv, nw) = (
-                    [&buf(&q), &buf(&k), &buf(&v)],
-                    [&buf(&norms.0), &buf(&norms.1)],
-                );
+                let qkv = [&buf(&q), &buf(&k), &buf(&v)];
+                let (nq, nk) = (buf(&norms.0), buf(&norms.1));
                 let (c, s) = (buf(&cos), buf(&sin));
-                B::decode_rows_qkv(
-                    &mut (),
-                    qkv,
-                    nw,
-                    [&c, &s],
-                    &mut qa,
-                    [&mut ka, &mut va],
-                    &segs,
-                    &cfg,
-                    1e-6,
-                    mode,
-                );
-                rows_by_parts::<B>(
-                    &mut (),
-                    qkv,
-                    nw,
-                    &c,
-                    &s,
-                    &mut qb,
-                    &mut kb,
-                    &mut vb,
-                    &segs,
-                    &cfg,
-                    1e-6,
-                    mode,
-                );
+                let prep = QkPrep {
+                    norm: (mode == QkMode::NormRope).then_some(QkNorm {
+                        q: &nq,
+                        k: &nk,
+                        eps: 1e-6,
+                    }),
+                    cos: &c,
+                    sin: &s,
+                };
+                B::decode_rows_qkv(&mut (), qkv, prep, &mut qa, [&mut ka, &mut va], &segs, &cfg);
+                rows_by_parts::<B>(&mut (), qkv, prep, &mut qb, [&mut kb, &mut vb], &segs, &cfg);
                 let what = format!("{dtype} {mode:?} kv{nkv}x{group} hd{hd}");
                 assert!(qa[..] == qb[..], "{what}: Q");
                 // Read back through copy_slice, which widens f16 pools.
@@ -845,17 +825,13 @@ fn layout_ops_move_the_right_elements() {
     let token_major: Vec<f32> = (0..tokens * heads * dim).map(|i| i as f32).collect();
     // head-major via qk_norm_rope mode 0, then back via transpose_head_to_token.
     let mut head_major = B::alloc(token_major.len());
-    let empty = B::alloc(0);
     B::qk_norm_rope(
         &mut (),
         &buf(&token_major),
-        &empty,
-        [&empty, &empty],
+        QkOp::Transpose,
         &mut head_major,
         Heads { tokens, heads, head_dim: dim },
         0,
-        0.0,
-        QkMode::Transpose,
     );
     for t in 0..tokens {
         for h in 0..heads {

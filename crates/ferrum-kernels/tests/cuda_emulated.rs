@@ -21,7 +21,7 @@ use std::sync::{Mutex, OnceLock};
 use ferrum_kernels::quant::{dequantize, random_blocks};
 use ferrum_kernels::{
     encode_segments, AttnConfig, AttnSegment, Backend, CpuBackend as C, GgufQuantType, Heads,
-    PagedKv, QkMode, Span,
+    PagedKv, QkMode, QkNorm, QkPrep, Span,
 };
 use ferrum_types::GgmlType;
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
@@ -570,18 +570,13 @@ fn paged_writes_match_the_cpu() {
         let (cq, ck, cv, cqn, ckn, ccos, csin) =
             (b(&q), b(&k), b(&v), b(&qn), b(&kn), b(&cos), b(&sin));
         let (mut cqo, mut ckp, mut cvp) = (C::alloc(q.len()), b(&p.k), b(&p.v));
-        C::decode_rows_qkv(
-            &mut (),
-            [&cq, &ck, &cv],
-            [&cqn, &ckn],
-            [&ccos, &csin],
-            &mut cqo,
-            [&mut ckp, &mut cvp],
-            &segs,
-            &cfg,
-            1e-6,
-            mode,
-        );
+        let prep = QkPrep {
+            norm: (mode == QkMode::NormRope).then_some(QkNorm { q: &cqn, k: &ckn, eps: 1e-6 }),
+            cos: &ccos,
+            sin: &csin,
+        };
+        let (qkv, pools) = ([&cq, &ck, &cv], [&mut ckp, &mut cvp]);
+        C::decode_rows_qkv(&mut (), qkv, prep, &mut cqo, pools, &segs, &cfg);
         let mut meta = Vec::new();
         encode_segments(&mut meta, &segs);
         let dir = scratch();

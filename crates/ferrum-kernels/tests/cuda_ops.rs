@@ -14,7 +14,8 @@
 use ferrum_kernels::quant::{dequantize, random_blocks};
 use ferrum_kernels::{
     pack_bytes, AttnConfig, AttnSegment, Backend, CpuBackend as C, CudaBackend as G, ExpertRows,
-    Gemm, GgufQuantType, Heads, Mat, PagedKv, QkMode, QuantKind, QuantWeights, SeedOps, Span,
+    Gemm, GgufQuantType, Heads, Mat, PagedKv, QkMode, QkNorm, QkOp, QkPrep, QuantKind,
+    QuantWeights, SeedOps, Span,
 };
 use ferrum_types::GgmlType;
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
@@ -428,28 +429,23 @@ fn elementwise_and_layout_ops() {
         (up(&cos), up(&sin), up(&nw), up(&inp));
     let len = t * heads * hd;
     let (mut ch, mut gh) = (C::alloc(len), G::alloc(len));
+    let shape = Heads { tokens: t, heads, head_dim: hd };
     for mode in [QkMode::Transpose, QkMode::NormRope, QkMode::Rope] {
         C::qk_norm_rope(
             &mut (),
             &ci,
-            &cnw,
-            [&ccos, &csin],
+            qk_op::<C>(mode, &cnw, [&ccos, &csin]),
             &mut ch,
-            Heads { tokens: t, heads, head_dim: hd },
+            shape,
             pos,
-            1e-6,
-            mode,
         );
         G::qk_norm_rope(
             ctx,
             &gi,
-            &gnw,
-            [&gcos, &gsin],
+            qk_op::<G>(mode, &gnw, [&gcos, &gsin]),
             &mut gh,
-            Heads { tokens: t, heads, head_dim: hd },
+            shape,
             pos,
-            1e-6,
-            mode,
         );
         check(&format!("qk_norm_rope {mode:?}"), &gh, &ch, len);
     }
@@ -582,30 +578,14 @@ fn paged_ops_match_cpu() {
         let (mut cqo, mut gqo) = (C::alloc(q.len()), G::alloc(q.len()));
         let ctx = &mut G::new_context();
         let what = format!("h{nh}/{nkv} hd{hd} window {window}");
-        C::decode_rows_qkv(
-            &mut (),
-            [&cq, &ck, &cv],
-            [&cqn, &ckn],
-            [&ccos, &csin],
-            &mut cqo,
-            [&mut ckp, &mut cvp],
-            &segs,
-            &cfg,
-            1e-6,
-            QkMode::NormRope,
-        );
-        G::decode_rows_qkv(
-            ctx,
-            [&gq, &gk, &gv],
-            [&gqn, &gkn],
-            [&gcos, &gsin],
-            &mut gqo,
-            [&mut gkp, &mut gvp],
-            &segs,
-            &cfg,
-            1e-6,
-            QkMode::NormRope,
-        );
+        let norm = Some(QkNorm { q: &cqn, k: &ckn, eps: 1e-6 });
+        let prep = QkPrep { norm, cos: &ccos, sin: &csin };
+        let (qkv, pools) = ([&cq, &ck, &cv], [&mut ckp, &mut cvp]);
+        C::decode_rows_qkv(&mut (), qkv, prep, &mut cqo, pools, &segs, &cfg);
+        let norm = Some(QkNorm { q: &gqn, k: &gkn, eps: 1e-6 });
+        let prep = QkPrep { norm, cos: &gcos, sin: &gsin };
+        let (qkv, pools) = ([&gq, &gk, &gv], [&mut gkp, &mut gvp]);
+        G::decode_rows_qkv(ctx, qkv, prep, &mut gqo, pools, &segs, &cfg);
         G::sync(ctx);
         G::take_error(ctx).unwrap();
         assert_nmse(
@@ -705,5 +685,18 @@ fn paged_ops_match_cpu() {
             &C::to_vec(&co, pq.len()),
             MATMUL,
         );
+    }
+}
+
+/// The op of `mode` over these weights and tables.
+fn qk_op<'a, B: Backend>(
+    mode: QkMode,
+    weight: &'a B::Buffer,
+    [cos, sin]: [&'a B::Buffer; 2],
+) -> QkOp<'a, B> {
+    match mode {
+        QkMode::Transpose => QkOp::Transpose,
+        QkMode::Rope => QkOp::Rope { cos, sin },
+        QkMode::NormRope => QkOp::NormRope { weight, eps: 1e-6, cos, sin },
     }
 }

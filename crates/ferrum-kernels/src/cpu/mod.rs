@@ -60,7 +60,7 @@ use crate::seed_ops::SeedOps;
 use crate::shapes::{Gemm, Heads, Mat, Span};
 use crate::{
     packed_bytes, AttnConfig, AttnSegment, Backend, Capabilities, GgufQuantType, KvDtype, PagedKv,
-    QkMode, QuantKind, QuantWeights,
+    QkOp, QkPrep, QuantKind, QuantWeights,
 };
 
 /// Element-wise work below this many values stays on the calling thread:
@@ -488,17 +488,16 @@ impl Backend for CpuBackend {
     fn decode_rows_qkv(
         _ctx: &mut Self::Context,
         [q, k, v]: [&Self::Buffer; 3],
-        [q_norm, k_norm]: [&Self::Buffer; 2],
-        rope: [&Self::Buffer; 2],
+        prep: QkPrep<'_, Self>,
         q_out: &mut Self::Buffer,
         pools: [&mut Self::Buffer; 2],
         segs: &[AttnSegment],
         cfg: &AttnConfig,
-        eps: f32,
-        mode: QkMode,
     ) {
         let [k_pool, v_pool] = pools;
-        let [cos, sin] = rope;
+        // Q's and K's ops differ only in their norm weight.
+        let (mode, q_norm, [cos, sin], eps) = prep.q().operands(q);
+        let (_, k_norm, _, _) = prep.k().operands(q);
         let _profile = profile::span(Op::QkNormRope);
         let (qkv, norms) = ([&q[..], &k[..], &v[..]], [&q_norm[..], &k_norm[..]]);
         let tables = (&cos[..], &sin[..]);
@@ -581,16 +580,13 @@ impl Backend for CpuBackend {
     fn qk_norm_rope(
         _ctx: &mut Self::Context,
         input: &Self::Buffer,
-        norm_w: &Self::Buffer,
-        rope: [&Self::Buffer; 2],
+        op: QkOp<'_, Self>,
         output: &mut Self::Buffer,
         shape: Heads,
         pos_offset: usize,
-        eps: f32,
-        mode: QkMode,
     ) {
         let Heads { tokens, heads, head_dim } = shape;
-        let [cos, sin] = rope;
+        let (mode, norm_w, [cos, sin], eps) = op.operands(input);
         let _profile = profile::span(Op::QkNormRope);
         rope::qk_norm_rope(
             input, norm_w, cos, sin, output, tokens, heads, head_dim, pos_offset, eps, mode,

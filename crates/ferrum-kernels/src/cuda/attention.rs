@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
+use super::CudaBackend;
 use super::{device, i, launch, linear, per_row, scratch, CudaContext};
-use crate::backend::{AttnConfig, AttnSegment, PagedKv, QkMode};
+use crate::backend::{AttnConfig, AttnSegment, PagedKv, QkPrep};
 
 /// Key splits of a decode step (flash-decoding): one per 256 keys of the
 /// longest sequence, rounded up to a power of two, so that the launch
@@ -236,21 +237,19 @@ pub(super) fn append(
 
 /// A decode batch's Q (rotated, into `q_out`) and K/V (into the pages),
 /// one launch: see `Backend::decode_rows_qkv`.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn rows_qkv(
     ctx: &mut CudaContext,
     [q, k, v]: [&CudaSlice<f32>; 3],
-    [q_norm, k_norm]: [&CudaSlice<f32>; 2],
-    cos: &CudaSlice<f32>,
-    sin: &CudaSlice<f32>,
+    prep: QkPrep<'_, CudaBackend>,
     q_out: &mut CudaSlice<f32>,
-    k_pool: &mut CudaSlice<f32>,
-    v_pool: &mut CudaSlice<f32>,
+    [k_pool, v_pool]: [&mut CudaSlice<f32>; 2],
     segs: &[AttnSegment],
     cfg: &AttnConfig,
-    eps: f32,
-    mode: QkMode,
 ) {
+    // One mode for Q and K; they differ in their norm weight only. `q`
+    // stands in for the weights of a layer without QK-norm (never read).
+    let (mode, q_norm, [cos, sin], eps) = prep.q().operands(q);
+    let (_, k_norm, _, _) = prep.k().operands(q);
     if segs.is_empty() || ctx.error.is_some() {
         return;
     }

@@ -21,7 +21,7 @@ use ferrum_types::{FerrumError, Result};
 
 use crate::backend::{
     AttnConfig, AttnSegment, Backend, Capabilities, ExpertRows, GgufQuantType, KvDtype, PagedKv,
-    QkMode, QuantKind, QuantWeights,
+    QkOp, QkPrep, QuantKind, QuantWeights,
 };
 use crate::batch_attention::{self, AttnLayer, AttnPlan, AttnScratch};
 use crate::seed_ops::SeedOps;
@@ -428,20 +428,13 @@ impl Backend for CudaBackend {
     fn decode_rows_qkv(
         ctx: &mut CudaContext,
         qkv: [&Self::Buffer; 3],
-        norms: [&Self::Buffer; 2],
-        rope: [&Self::Buffer; 2],
+        prep: QkPrep<'_, Self>,
         q_out: &mut Self::Buffer,
         pools: [&mut Self::Buffer; 2],
         segs: &[AttnSegment],
         cfg: &AttnConfig,
-        eps: f32,
-        mode: QkMode,
     ) {
-        let [k_pool, v_pool] = pools;
-        let [cos, sin] = rope;
-        attention::rows_qkv(
-            ctx, qkv, norms, cos, sin, q_out, k_pool, v_pool, segs, cfg, eps, mode,
-        );
+        attention::rows_qkv(ctx, qkv, prep, q_out, pools, segs, cfg);
     }
 
     fn copy_slice(
@@ -527,16 +520,14 @@ impl Backend for CudaBackend {
     fn qk_norm_rope(
         ctx: &mut CudaContext,
         input: &Self::Buffer,
-        norm_w: &Self::Buffer,
-        rope: [&Self::Buffer; 2],
+        op: QkOp<'_, Self>,
         output: &mut Self::Buffer,
         shape: Heads,
         pos_offset: usize,
-        eps: f32,
-        mode: QkMode,
     ) {
         let Heads { tokens, heads, head_dim } = shape;
-        let [cos, sin] = rope;
+        // The kernel reads only what the mode needs; `input` fills the rest.
+        let (mode, norm_w, [cos, sin], eps) = op.operands(input);
         let threads = (head_dim / 2).div_ceil(32).clamp(1, 32) as u32 * 32;
         launch::qk_norm_rope(
             ctx,

@@ -13,7 +13,7 @@ use std::path::Path;
 
 use ferrum_formats::hf_config::HfConfig;
 use ferrum_formats::safetensors::SafeTensors;
-use ferrum_kernels::{AttnConfig, Backend, Gemm, Heads, Mat, QkMode, Span};
+use ferrum_kernels::{AttnConfig, Backend, Gemm, Heads, Mat, QkOp, Span};
 use ferrum_types::{FerrumError, Result};
 
 pub use config::BertConfig;
@@ -25,7 +25,6 @@ pub use crate::encoder::EncoderInput;
 pub struct BertModel<B: Backend> {
     cfg: BertConfig,
     w: Weights<B>,
-    empty: B::Buffer,
 }
 
 impl<B: Backend> crate::encoder::Encoder for BertModel<B> {
@@ -49,7 +48,7 @@ impl<B: Backend> BertModel<B> {
         let cfg = BertConfig::from_hf(&hf)?;
         let st = SafeTensors::open_dir(dir)?;
         let w = Weights::load(&st, &cfg).map_err(|e| FerrumError::bad_file(dir, e.to_string()))?;
-        Ok(Self { cfg, w, empty: B::alloc(1) })
+        Ok(Self { cfg, w })
     }
 
     pub fn config(&self) -> &BertConfig {
@@ -147,7 +146,6 @@ impl<B: Backend> BertModel<B> {
             sliding_window: 0,
             softcap: 0.0,
         };
-        let e = &self.empty;
         for lw in &self.w.layers {
             dense::<B>(ctx, &x, &lw.qkv, &mut qkv, rows, 3 * h, h);
             B::split_qkv(ctx, &qkv, [&mut q, &mut k, &mut v], rows, h, h);
@@ -157,41 +155,14 @@ impl<B: Backend> BertModel<B> {
                 B::copy_slice(ctx, &q, r0 * h, &mut sq, 0, n * h);
                 B::copy_slice(ctx, &k, r0 * h, &mut sk, 0, n * h);
                 B::copy_slice(ctx, &v, r0 * h, &mut sv, 0, n * h);
-                // Mode 0: token-major -> head-major, no norm, no RoPE.
-                let t = QkMode::Transpose;
-                B::qk_norm_rope(
-                    ctx,
-                    &sq,
-                    e,
-                    [e, e],
-                    &mut hq,
+                // Token-major -> head-major: no norm, no RoPE.
+                let (t, heads) = (
+                    QkOp::Transpose,
                     Heads { tokens: n, heads: nh, head_dim: hd },
-                    0,
-                    0.0,
-                    t,
                 );
-                B::qk_norm_rope(
-                    ctx,
-                    &sk,
-                    e,
-                    [e, e],
-                    &mut hk,
-                    Heads { tokens: n, heads: nh, head_dim: hd },
-                    0,
-                    0.0,
-                    t,
-                );
-                B::qk_norm_rope(
-                    ctx,
-                    &sv,
-                    e,
-                    [e, e],
-                    &mut hv,
-                    Heads { tokens: n, heads: nh, head_dim: hd },
-                    0,
-                    0.0,
-                    t,
-                );
+                B::qk_norm_rope(ctx, &sq, t, &mut hq, heads, 0);
+                B::qk_norm_rope(ctx, &sk, t, &mut hk, heads, 0);
+                B::qk_norm_rope(ctx, &sv, t, &mut hv, heads, 0);
                 B::flash_attention(
                     ctx,
                     &hq,

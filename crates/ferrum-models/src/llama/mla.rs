@@ -20,7 +20,7 @@
 //! rope key's pairs likewise; `q·k` is unchanged by the common
 //! reordering.
 
-use ferrum_kernels::{AttnConfig, Backend, Gemm, Heads, Mat, PagedKv, QkMode, Span};
+use ferrum_kernels::{AttnConfig, Backend, Gemm, Heads, Mat, PagedKv, QkOp, Span};
 use ferrum_types::{FerrumError, Result};
 
 use super::config::MlaConfig;
@@ -65,8 +65,6 @@ pub struct MlaWeights<B: Backend> {
 /// Per-sequence work buffers, grown to the longest segment seen.
 pub struct MlaScratch<B: Backend> {
     rows: usize,
-    /// Passed where an op ignores its norm weight.
-    empty: B::Buffer,
     xs: B::Buffer,
     qa: B::Buffer,
     qan: B::Buffer,
@@ -92,7 +90,6 @@ impl<B: Backend> MlaScratch<B> {
         let e = || B::alloc(0);
         Self {
             rows: 0,
-            empty: e(),
             xs: e(),
             qa: e(),
             qan: e(),
@@ -258,18 +255,9 @@ impl<B: Backend> MlaWeights<B> {
             }
             MlaQuery::Full(q) => q.forward(ctx, &s.xs, &mut s.qb, n, heads * qk, hidden)?,
         }
-        let mode = QkMode::Rope;
-        B::qk_norm_rope(
-            ctx,
-            &s.qb,
-            &s.empty,
-            [qc, qs],
-            &mut s.qh,
-            Heads { tokens: n, heads, head_dim: qk },
-            p,
-            eps,
-            mode,
-        );
+        let rope = QkOp::Rope { cos: qc, sin: qs };
+        let q_heads = Heads { tokens: n, heads, head_dim: qk };
+        B::qk_norm_rope(ctx, &s.qb, rope, &mut s.qh, q_heads, p);
         for h in 0..heads {
             B::copy_slice(ctx, &s.qh, h * n * qk, &mut s.head_in, 0, n * qk);
             B::gemm(
@@ -307,18 +295,9 @@ impl<B: Backend> MlaWeights<B> {
         );
         self.k_rope
             .forward(ctx, &s.xs, &mut s.kr, n, m.rope, hidden)?;
-        let mode = QkMode::Rope;
-        B::qk_norm_rope(
-            ctx,
-            &s.kr,
-            &s.empty,
-            [kc, ks],
-            &mut s.krh,
-            Heads { tokens: n, heads: 1, head_dim: m.rope },
-            p,
-            eps,
-            mode,
-        );
+        let rope = QkOp::Rope { cos: kc, sin: ks };
+        let k_heads = Heads { tokens: n, heads: 1, head_dim: m.rope };
+        B::qk_norm_rope(ctx, &s.kr, rope, &mut s.krh, k_heads, p);
         B::gemm(
             ctx,
             &s.cn,

@@ -24,7 +24,9 @@ use std::path::Path;
 use ferrum_formats::gguf::GgufFile;
 use ferrum_formats::hf_config::HfConfig;
 use ferrum_formats::safetensors::SafeTensors;
-use ferrum_kernels::{AttnConfig, AttnLayer, AttnScratch, AttnSegment, Backend, Gemm, Mat, QkMode};
+use ferrum_kernels::{
+    AttnConfig, AttnLayer, AttnScratch, AttnSegment, Backend, Gemm, Mat, QkNorm, QkPrep,
+};
 use ferrum_kv::BlockCopy;
 use ferrum_types::{FerrumError, Result, TensorRef};
 
@@ -202,8 +204,6 @@ pub struct LlamaModel<B: Backend> {
     /// Latent attention's RoPE tables: the queries' cos/sin, the shared
     /// key's cos/sin.
     mla_rope: Option<[B::Buffer; 4]>,
-    /// Passed where an op ignores its norm weight.
-    empty: B::Buffer,
     graphs: Graphs,
 }
 
@@ -344,7 +344,6 @@ impl<B: Backend> LlamaModel<B> {
             moe_scratch: MoeScratch::new(),
             mla_scratch: MlaScratch::new(),
             mla_rope,
-            empty: B::alloc(0),
             graphs: Graphs {
                 id: NEXT_GRAPH_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
                 generation: 0,
@@ -566,15 +565,13 @@ impl<B: Backend> LlamaModel<B> {
             q: &s.q,
             k: &s.k,
             v: &s.v,
-            q_norm: lw.q_norm.as_ref().unwrap_or(&self.empty),
-            k_norm: lw.k_norm.as_ref().unwrap_or(&self.empty),
-            cos,
-            sin,
-            eps: c.rms_eps,
-            mode: if c.qk_norm {
-                QkMode::NormRope
-            } else {
-                QkMode::Rope
+            prep: QkPrep {
+                norm: match (c.qk_norm, &lw.q_norm, &lw.k_norm) {
+                    (true, Some(q), Some(k)) => Some(QkNorm { q, k, eps: c.rms_eps }),
+                    _ => None,
+                },
+                cos,
+                sin,
             },
             cfg: &cfg,
             k_pool: &mut kv.k[l],
