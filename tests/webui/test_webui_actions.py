@@ -2,6 +2,7 @@
 lists, the server-down banner, context overflow, keyboard-only use and 200% zoom, in headless
 Chromium against the real `ferrum serve` (see test_webui.py)."""
 import json
+import re
 import subprocess
 import sys
 import time
@@ -197,9 +198,13 @@ def test_server_down_shows_a_banner_and_recovers(browser):
         expect(page.locator("#model-name")).to_have_text("offline")
         expect(p.last_answer().locator(".stats")).to_contain_text("the server cannot be reached")
         p.screenshot("server-down.png")
-        server.start()
+        # Retrying while it is down keeps the banner up, and the next try waits longer.
         page.click("#banner-retry")
-        expect(page.locator("#banner")).to_be_hidden()
+        expect(page.locator("#banner-retry")).to_contain_text(re.compile(r"next try in ([2-9]|[1-3]\d) s"))
+        expect(page.locator("#banner")).to_be_visible()
+        # Back up: the page finds it by itself (the backoff is capped at 30 s).
+        server.start()
+        expect(page.locator("#banner")).to_be_hidden(timeout=45_000)
         expect(page.locator("#model-name")).to_have_text("smollm2")
         # The failed turn is not sent again with the next one.
         sent = []
