@@ -22,6 +22,7 @@ mod protocol;
 mod responses;
 mod stream;
 mod structured;
+mod vllm_metrics;
 mod webui;
 mod worker;
 
@@ -42,7 +43,7 @@ use ferrum_models::PagedLlm;
 use ferrum_structured::Grammars;
 use ferrum_tokenizer::chat::ChatTemplate;
 use ferrum_tokenizer::Tokenizer;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::mpsc;
 
 pub use error::ApiError;
@@ -360,9 +361,8 @@ pub struct Bound {
 
 /// Binds the listening socket. Fails when the port cannot be bound.
 pub async fn bind(cfg: ServeConfig) -> Result<Bound, String> {
-    let prometheus = PrometheusBuilder::new()
-        .install_recorder()
-        .map_err(|e| format!("cannot set up metrics: {e}"))?;
+    let prometheus = vllm_metrics::install(&cfg.served_model_name)?;
+    vllm_metrics::spawn_upkeep(prometheus.clone());
     let addr = format!("{}:{}", cfg.host, cfg.port);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await

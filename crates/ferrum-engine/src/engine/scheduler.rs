@@ -159,6 +159,8 @@ impl<'t> Loop<'t> {
         let gone = before - self.running.len() - self.waiting.len();
         if gone > 0 {
             metrics::counter!("ferrum_requests_cancelled_total").increment(gone as u64);
+            metrics::counter!("ferrum_requests_finished_total", "finished_reason" => "abort")
+                .increment(gone as u64);
         }
     }
 
@@ -547,8 +549,14 @@ impl<'t> Loop<'t> {
             metrics::gauge!("ferrum_kv_blocks_used").set(u.used_blocks as f64);
             metrics::gauge!("ferrum_kv_blocks_free").set(u.available_blocks() as f64);
             metrics::gauge!("ferrum_kv_blocks_cached").set(u.cached_blocks as f64);
-            metrics::gauge!("ferrum_prefix_cache_query_tokens").set(u.prefix_query_tokens as f64);
-            metrics::gauge!("ferrum_prefix_cache_hit_tokens").set(u.prefix_hit_tokens as f64);
+            // vLLM's measure: blocks held by requests over all blocks
+            // (cached blocks no request holds count as free).
+            if u.total_blocks > 0 {
+                metrics::gauge!("ferrum_kv_cache_usage")
+                    .set(u.used_blocks as f64 / u.total_blocks as f64);
+            }
+            metrics::counter!("ferrum_prefix_cache_queries_total").absolute(u.prefix_query_tokens);
+            metrics::counter!("ferrum_prefix_cache_hits_total").absolute(u.prefix_hit_tokens);
             if u.prefix_query_tokens > 0 {
                 metrics::gauge!("ferrum_prefix_cache_hit_rate")
                     .set(u.prefix_hit_tokens as f64 / u.prefix_query_tokens as f64);

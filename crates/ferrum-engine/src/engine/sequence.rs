@@ -165,6 +165,8 @@ impl<'t> Seq<'t> {
 
     /// Ends the request with an error event (nothing follows it).
     fn abort(&mut self, e: &ferrum_types::FerrumError) -> FinishReason {
+        metrics::counter!("ferrum_requests_finished_total", "finished_reason" => "abort")
+            .increment(1);
         let _ = self.events.send(Event::Error(e.to_string()));
         FinishReason::Stop
     }
@@ -261,6 +263,12 @@ impl<'t> Seq<'t> {
                     .record((last - first).as_secs_f64() / (n - 1) as f64);
             }
         }
+        metrics::histogram!("ferrum_e2e_request_latency_seconds")
+            .record(self.submitted.elapsed().as_secs_f64());
+        metrics::histogram!("ferrum_request_prompt_tokens").record(self.prompt_len as f64);
+        metrics::histogram!("ferrum_request_generation_tokens").record(n as f64);
+        metrics::counter!("ferrum_requests_finished_total", "finished_reason" => reason.as_str())
+            .increment(1);
         let _ = self.events.send(Event::Done(Completion {
             finish: reason,
             prompt_tokens: self.prompt_len,
