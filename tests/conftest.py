@@ -25,13 +25,15 @@ def free_port():
 
 
 class Server:
-    def __init__(self, *args):
-        self.port = free_port()
+    def __init__(self, *args, port=None, env=None):
+        """`ferrum serve ARGS` on `port` (a free one by default), with `env`
+        added to the environment."""
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(f"/tmp/ferrum-serve-{self.port}.log", "w")
         self.proc = subprocess.Popen(
             [BIN, "serve", "--port", str(self.port), *args],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         deadline = time.time() + 120
         while time.time() < deadline:
             if self.proc.poll() is not None:

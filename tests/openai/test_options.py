@@ -81,6 +81,7 @@ def test_streamed_chat_logprobs_come_with_each_token(chat_server):
     ("/v1/chat/completions", {"tool_choice": "required"}),
     ("/v1/completions", {"best_of": 3}),
     ("/v1/completions", {"suffix": "}"}),
+    ("/v1/completions", {"skip_special_tokens": False}),
 ])
 def test_unimplemented_fields_are_400_naming_them(chat_server, path, extra):
     body = {"model": MODEL, "max_tokens": 2}

@@ -347,6 +347,11 @@ impl ChatPrep {
     pub fn prompt_tokens(&self) -> usize {
         self.prompt.len()
     }
+
+    /// The rendered prompt's ids.
+    pub fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
 }
 
 /// Whether (and how) a chat answer's reasoning is split out.
@@ -715,6 +720,16 @@ impl CompletionPrep {
     /// The prompts' length in tokens, all together.
     pub fn prompt_tokens(&self) -> usize {
         self.prompts.iter().map(Vec::len).sum()
+    }
+
+    /// Each prompt's ids.
+    pub fn prompts(&self) -> &[Vec<u32>] {
+        &self.prompts
+    }
+
+    /// The text of `ids`, special tokens included.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        self.tok.decode(ids, false)
     }
 }
 

@@ -19,6 +19,7 @@ mod line_ends;
 mod listen;
 mod ollama;
 mod protocol;
+mod render;
 mod responses;
 mod stream;
 mod structured;
@@ -266,7 +267,9 @@ fn router(state: Shared) -> Router {
         .route("/tokenize", post(admin::tokenize))
         .route("/detokenize", post(admin::detokenize))
         .route("/v1/chat/completions", post(generation::chat))
+        .route("/v1/chat/completions/render", post(render::chat))
         .route("/v1/completions", post(generation::completions))
+        .route("/v1/completions/render", post(render::completions))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/responses", post(responses::create))
         .route(

@@ -202,16 +202,37 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
         .map_err(|e| ApiError::invalid(format!("invalid request: {e}"), None))
 }
 
+/// vLLM's and SGLang's output options that Ferrum does not implement, at
+/// the value that means what Ferrum does anyway. Routers in front of those
+/// servers (vllm-router, sglang-router) write them into every request they
+/// pass on; at these values they ask for nothing, so they are accepted.
+const DEFAULT_ONLY: &[(&str, bool)] = &[
+    ("skip_special_tokens", true),
+    ("spaces_between_special_tokens", true),
+    ("include_stop_str_in_output", false),
+    ("no_stop_trim", false),
+    ("return_hidden_states", false),
+];
+
 /// Refuses fields the server does not implement, naming them: a client that
 /// asks for something (`best_of`, `suffix`, the legacy `functions` ...)
 /// must not silently get something else.
 pub fn reject_unknown(unknown: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
-    let Some(first) = unknown.keys().next() else {
+    let asks = |(name, value): &(&String, &Value)| {
+        !DEFAULT_ONLY
+            .iter()
+            .any(|(n, default)| n == name && value.as_bool() == Some(*default))
+    };
+    let names: Vec<&str> = unknown
+        .iter()
+        .filter(asks)
+        .map(|(k, _)| k.as_str())
+        .collect();
+    let Some(first) = names.first().copied() else {
         return Ok(());
     };
-    let names: Vec<&str> = unknown.keys().map(String::as_str).collect();
     Err(ApiError {
-        param: Some(first.clone().into()),
+        param: Some(first.to_string().into()),
         ..ApiError::invalid(
             format!(
                 "unsupported request field{} {}: ferrum does not implement {}; remove {}",
@@ -602,6 +623,19 @@ mod tests {
         )
         .unwrap();
         assert!(reject_unknown(&req.unknown).is_ok(), "{:?}", req.unknown);
+        // What vllm-router adds to every request: defaults, accepted.
+        let req: CompletionRequest = parse(
+            br#"{"prompt": "x", "no_stop_trim": false, "skip_special_tokens": true, "return_hidden_states": false}"#,
+        )
+        .unwrap();
+        assert!(reject_unknown(&req.unknown).is_ok(), "{:?}", req.unknown);
+        // Asking for what they do is refused, by name.
+        let req: CompletionRequest =
+            parse(br#"{"prompt": "x", "skip_special_tokens": false, "no_stop_trim": false}"#)
+                .unwrap();
+        let e = reject_unknown(&req.unknown).unwrap_err();
+        assert!(e.message.contains("skip_special_tokens") && !e.message.contains("no_stop_trim"));
+        assert_eq!(e.param.as_deref(), Some("skip_special_tokens"));
     }
 
     #[test]

@@ -22,7 +22,8 @@ use serde_json::{json, Value};
 pub enum Dataset {
     /// Independent prompts of random words.
     Random,
-    /// One common prefix of --input-len words, then a short unique question.
+    /// A common prefix of --input-len words (one of --num-prefixes, drawn
+    /// at random), then a short unique question.
     SharedPrefix,
 }
 
@@ -56,6 +57,11 @@ pub struct BenchServeArgs {
     /// Prompt length in words (about one token each).
     #[arg(long, default_value_t = 128)]
     input_len: usize,
+    /// How many prefixes `shared-prefix` draws from. Several show what a
+    /// cache-aware router gains: replicas that each keep some prefixes
+    /// cached, where round-robin makes every replica compute every prefix.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    num_prefixes: u64,
     /// max_tokens of each request.
     #[arg(long, default_value_t = 64)]
     output_len: usize,
@@ -201,14 +207,19 @@ fn words(rng: &mut StdRng, n: usize) -> String {
 
 fn prompts(a: &BenchServeArgs) -> Vec<String> {
     let mut rng = StdRng::seed_from_u64(a.seed);
-    let prefix = words(&mut rng, a.input_len);
+    let prefixes: Vec<String> = (0..a.num_prefixes)
+        .map(|_| words(&mut rng, a.input_len))
+        .collect();
     (0..a.num_prompts)
         .map(|i| match a.dataset {
             Dataset::Random => words(&mut rng, a.input_len),
-            Dataset::SharedPrefix => format!(
-                "{prefix}\nQuestion {i}: what comes after {}?",
-                words(&mut rng, 8)
-            ),
+            Dataset::SharedPrefix => {
+                let prefix = &prefixes[rng.random_range(0..prefixes.len())];
+                format!(
+                    "{prefix}\nQuestion {i}: what comes after {}?",
+                    words(&mut rng, 8)
+                )
+            }
         })
         .collect()
 }
