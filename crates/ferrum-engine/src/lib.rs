@@ -14,8 +14,10 @@ pub use budget::ReasoningBudget;
 pub use decode_executor::GenericDecodeExecutor;
 pub use embedding::{EmbedInput, Embedder, Embedding, Prepared};
 pub use engine::{
-    Completion, Drafter, Engine, EngineConfig, EngineStats, Event, Request, Speculation,
+    Completion, Drafter, Engine, EngineConfig, EngineStats, Event, KvEventBatch, Request,
+    Speculation,
 };
+pub use ferrum_models::KvEvent;
 pub use finish::FinishReason;
 pub use sampler::{Sampled, Sampler, SamplingParams};
 pub use stop::StopStrings;

@@ -13,4 +13,4 @@
 
 mod manager;
 
-pub use manager::{BlockCopy, BlockManager, KvUsage};
+pub use manager::{BlockCopy, BlockManager, KvEvent, KvUsage};

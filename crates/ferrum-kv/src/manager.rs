@@ -35,6 +35,24 @@ impl KvUsage {
     }
 }
 
+/// A change to what the prefix cache holds, for routers that place
+/// requests where their prefix is cached (vLLM's KV events).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KvEvent {
+    /// Full blocks registered in the cache, in order: each one's chain
+    /// hash, the hash of the block before the first (`None` at a prompt's
+    /// start), and their tokens (`block_size` per block).
+    Stored {
+        hashes: Vec<u64>,
+        parent: Option<u64>,
+        tokens: Vec<u32>,
+    },
+    /// Cached blocks evicted to make room.
+    Removed { hashes: Vec<u64> },
+    /// Everything was forgotten.
+    AllCleared,
+}
+
 #[derive(Default)]
 struct Seq {
     blocks: Vec<u32>,
@@ -83,6 +101,9 @@ pub struct BlockManager {
     tick: u64,
     query_tokens: u64,
     hit_tokens: u64,
+    /// Changes to the cache not yet taken ([`BlockManager::take_events`]);
+    /// `None` unless asked for ([`BlockManager::record_events`]).
+    events: Option<Vec<KvEvent>>,
 }
 
 /// The hash of a full block given its parent's hash.
@@ -109,6 +130,25 @@ impl BlockManager {
             tick: 0,
             query_tokens: 0,
             hit_tokens: 0,
+            events: None,
+        }
+    }
+
+    /// Keeps a record of the cache's changes from now on, for
+    /// [`BlockManager::take_events`].
+    pub fn record_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// The cache's changes since the last call, oldest first (none unless
+    /// [`BlockManager::record_events`] was called).
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn event(&mut self, e: KvEvent) {
+        if let Some(events) = &mut self.events {
+            events.push(e);
         }
     }
 
@@ -243,6 +283,7 @@ impl BlockManager {
         let room = s.blocks.len() * self.block_size - s.tokens.len();
         s.tokens
             .extend_from_slice(&tokens[..tokens.len().min(room)]);
+        let mut stored: Option<KvEvent> = None;
         while (s.hashes.len() + 1) * self.block_size <= s.tokens.len() {
             let i = s.hashes.len();
             let parent = s.hashes.last().copied().unwrap_or(0);
@@ -259,7 +300,31 @@ impl BlockManager {
                 let bs = self.block_size;
                 self.block_tokens[b as usize * bs..(b as usize + 1) * bs].copy_from_slice(toks);
                 self.by_hash.insert(h, Cached { block: b, parent });
+                if self.events.is_some() {
+                    // Blocks registered in a row make one event, as vLLM's.
+                    match &mut stored {
+                        Some(KvEvent::Stored { hashes, tokens, .. })
+                            if hashes.last() == Some(&parent) =>
+                        {
+                            hashes.push(h);
+                            tokens.extend_from_slice(toks);
+                        }
+                        _ => {
+                            if let Some(e) = stored.take() {
+                                self.event(e);
+                            }
+                            stored = Some(KvEvent::Stored {
+                                hashes: vec![h],
+                                parent: (i > 0).then_some(parent),
+                                tokens: toks.to_vec(),
+                            });
+                        }
+                    }
+                }
             }
+        }
+        if let Some(e) = stored {
+            self.event(e);
         }
         self.seqs.insert(key, s);
     }
@@ -350,7 +415,11 @@ impl BlockManager {
     /// Releases every sequence and forgets every cached prefix.
     pub fn clear(&mut self) {
         let total = self.meta.len();
+        let recording = self.events.is_some();
         *self = Self::new(total, self.block_size, self.prefix_caching);
+        if recording {
+            self.events = Some(vec![KvEvent::AllCleared]);
+        }
     }
 
     fn take_block(&mut self) -> Result<u32> {
@@ -388,6 +457,7 @@ impl BlockManager {
         if let Some(h) = self.meta[b as usize].key.take() {
             if self.by_hash.get(&h).is_some_and(|c| c.block == b) {
                 self.by_hash.remove(&h);
+                self.event(KvEvent::Removed { hashes: vec![h] });
             }
         }
     }

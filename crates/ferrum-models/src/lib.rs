@@ -13,7 +13,7 @@ pub mod rope;
 
 pub use encoder::{Encoder, EncoderInput};
 pub use ferrum_kernels::KvDtype;
-pub use ferrum_kv::{BlockCopy, BlockManager};
+pub use ferrum_kv::{BlockCopy, BlockManager, KvEvent};
 pub use llm::{
     kv_capacity_env, DecoderOnlyLLM, KvPoolConfig, LlmRuntimeConfig, LoadProgress,
     KV_CACHE_TOKENS_ENV, KV_CAPACITY_ENV,

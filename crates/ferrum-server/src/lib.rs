@@ -15,6 +15,7 @@ mod embeddings;
 mod error;
 mod generation;
 mod guard;
+mod kv_events;
 mod line_ends;
 mod listen;
 mod ollama;
@@ -103,6 +104,10 @@ pub struct ServeConfig {
     pub reasoning_budget: Option<usize>,
     /// What the model is, for the Ollama endpoints' `details`.
     pub card: ModelCard,
+    /// Publish the prefix cache's changes as vLLM's KV events on this
+    /// ZeroMQ endpoint (`tcp://*:5557`), under `kv_events_topic`.
+    pub kv_events_endpoint: Option<String>,
+    pub kv_events_topic: String,
 }
 
 /// What a model is, as Ollama's `/api/tags`, `/api/show` and `/api/ps`
@@ -363,9 +368,16 @@ pub struct Bound {
 }
 
 /// Binds the listening socket. Fails when the port cannot be bound.
-pub async fn bind(cfg: ServeConfig) -> Result<Bound, String> {
+pub async fn bind(mut cfg: ServeConfig) -> Result<Bound, String> {
     let prometheus = vllm_metrics::install(&cfg.served_model_name)?;
     vllm_metrics::spawn_upkeep(prometheus.clone());
+    if let Some(endpoint) = &cfg.kv_events_endpoint {
+        let socket = kv_events::open(endpoint).await?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        cfg.engine.kv_events = Some(tx);
+        tokio::spawn(kv_events::publish(socket, cfg.kv_events_topic.clone(), rx));
+        tracing::info!("publishing KV-cache events on {endpoint}");
+    }
     let addr = format!("{}:{}", cfg.host, cfg.port);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await

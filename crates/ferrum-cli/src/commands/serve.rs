@@ -109,6 +109,14 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = -1, allow_negative_numbers = true,
           value_parser = clap::value_parser!(i64).range(-1..))]
     reasoning_budget: i64,
+    /// Publish the prefix cache's changes as vLLM's KV-cache events (ZeroMQ
+    /// PUB, msgpack) for KV-aware routers: `tcp://*:5557` binds, a host
+    /// connects (vLLM's `--kv-events-config` endpoint).
+    #[arg(long, value_name = "ENDPOINT")]
+    kv_events_endpoint: Option<String>,
+    /// The topic (first frame) of each KV-event message.
+    #[arg(long, default_value = "", requires = "kv_events_endpoint")]
+    kv_events_topic: String,
     #[command(flatten)]
     kv: KvArgs,
     #[command(flatten)]
@@ -171,7 +179,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
             max_num_seqs: args.max_num_seqs.max(1),
             max_num_batched_tokens: args.max_num_batched_tokens.max(1),
             threads: None,
+            kv_events: None,
         },
+        kv_events_endpoint: args.kv_events_endpoint,
+        kv_events_topic: args.kv_events_topic,
         webui: !args.no_webui,
         lenient_tool_calls: args.tool_call_parser == ToolCallParser::Lenient,
         card: model_card(&path),

@@ -14,6 +14,7 @@ mod speculate;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 
+use ferrum_models::KvEvent;
 use ferrum_models::PagedLlm;
 use ferrum_structured::Constraint;
 use ferrum_tokenizer::Tokenizer;
@@ -36,6 +37,18 @@ pub struct EngineConfig {
     pub max_num_batched_tokens: usize,
     /// CPU threads for the model (None: all cores).
     pub threads: Option<usize>,
+    /// Where each step sends the prefix cache's changes (vLLM's KV events,
+    /// for routers that place requests where their prefix is cached);
+    /// `None`: they are not recorded.
+    pub kv_events: Option<tmpsc::UnboundedSender<KvEventBatch>>,
+}
+
+/// The prefix cache's changes in one engine step.
+#[derive(Clone, Debug)]
+pub struct KvEventBatch {
+    /// Tokens per block.
+    pub block_size: usize,
+    pub events: Vec<KvEvent>,
 }
 
 impl Default for EngineConfig {
@@ -44,6 +57,7 @@ impl Default for EngineConfig {
             max_num_seqs: 16,
             max_num_batched_tokens: 512,
             threads: None,
+            kv_events: None,
         }
     }
 }

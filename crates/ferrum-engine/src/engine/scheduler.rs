@@ -26,7 +26,7 @@ use ferrum_types::{FerrumError, Result};
 
 use super::sequence::Seq;
 use super::speculate::Speculation;
-use super::{Completion, EngineConfig, EngineStats, Event, Submission};
+use super::{Completion, EngineConfig, EngineStats, Event, KvEventBatch, Submission};
 use crate::finish::FinishReason;
 
 /// Most prompt positions scored in one step: each needs a row of
@@ -81,7 +81,10 @@ impl<'t> Loop<'t> {
         // Every running decode must fit in a step.
         cfg.max_num_batched_tokens = cfg.max_num_batched_tokens.max(cfg.max_num_seqs);
         let capacity = model.kv_capacity();
-        let kv = model.kv_pool().manager();
+        let mut kv = model.kv_pool().manager();
+        if cfg.kv_events.is_some() {
+            kv.record_events();
+        }
         Self {
             model,
             kv,
@@ -538,7 +541,7 @@ impl<'t> Loop<'t> {
         plan
     }
 
-    fn publish(&self) {
+    fn publish(&mut self) {
         let (w, r) = (self.waiting.len(), self.running.len());
         self.stats.waiting.store(w, Ordering::SeqCst);
         self.stats.running.store(r, Ordering::SeqCst);
@@ -557,6 +560,12 @@ impl<'t> Loop<'t> {
             }
             metrics::counter!("ferrum_prefix_cache_queries_total").absolute(u.prefix_query_tokens);
             metrics::counter!("ferrum_prefix_cache_hits_total").absolute(u.prefix_hit_tokens);
+            if let Some(tx) = &self.cfg.kv_events {
+                let events = self.kv.take_events();
+                if !events.is_empty() {
+                    let _ = tx.send(KvEventBatch { block_size: u.block_size, events });
+                }
+            }
             if u.prefix_query_tokens > 0 {
                 metrics::gauge!("ferrum_prefix_cache_hit_rate")
                     .set(u.prefix_hit_tokens as f64 / u.prefix_query_tokens as f64);

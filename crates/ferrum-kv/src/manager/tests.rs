@@ -186,6 +186,9 @@ proptest! {
     #[test]
     fn random_traffic_keeps_invariants(ops in prop::collection::vec(op(), 1..80)) {
         let mut m = BlockManager::new(12, 3, true);
+        m.record_events();
+        // The cache as a router rebuilds it from the events alone.
+        let mut mirror: HashMap<u64, Vec<u32>> = HashMap::new();
         // What each sequence should hold, to check matches are exact.
         let mut truth: HashMap<String, Vec<u32>> = HashMap::new();
         // What a model's K/V pool would hold: one token per position.
@@ -230,6 +233,27 @@ proptest! {
                 }
             }
             check_invariants(&m);
+            for e in m.take_events() {
+                match e {
+                    KvEvent::Stored { hashes, tokens, .. } => {
+                        prop_assert_eq!(tokens.len(), hashes.len() * bs);
+                        for (h, t) in hashes.iter().zip(tokens.chunks(bs)) {
+                            prop_assert!(mirror.insert(*h, t.to_vec()).is_none(), "stored twice");
+                        }
+                    }
+                    KvEvent::Removed { hashes } => {
+                        for h in hashes {
+                            prop_assert!(mirror.remove(&h).is_some(), "removed but never stored");
+                        }
+                    }
+                    KvEvent::AllCleared => mirror.clear(),
+                }
+            }
+            prop_assert_eq!(mirror.len(), m.by_hash.len());
+            for (h, c) in &m.by_hash {
+                let held = &m.block_tokens[c.block as usize * bs..][..bs];
+                prop_assert_eq!(mirror.get(h).map(Vec::as_slice), Some(held));
+            }
             for (id, t) in &truth {
                 prop_assert_eq!(&m.seqs[id].tokens, t);
                 // Reading through the table gives back exactly the tokens:
@@ -249,4 +273,47 @@ proptest! {
         prop_assert_eq!(m.usage().used_blocks, 0);
         check_invariants(&m);
     }
+}
+
+#[test]
+fn events_name_stored_and_evicted_blocks() {
+    let mut m = BlockManager::new(3, 4, true);
+    write(&mut m, "a", &[1, 2, 3, 4, 5]).unwrap();
+    assert!(
+        m.take_events().is_empty(),
+        "nothing is recorded until asked"
+    );
+    m.record_events();
+    write(&mut m, "a", &[6, 7, 8, 9]).unwrap();
+    // Only the block that became full: its parent is the first block.
+    let h1 = chain(0, &[1, 2, 3, 4]);
+    let h2 = chain(h1, &[5, 6, 7, 8]);
+    assert_eq!(
+        m.take_events(),
+        vec![KvEvent::Stored {
+            hashes: vec![h2],
+            parent: Some(h1),
+            tokens: vec![5, 6, 7, 8]
+        }]
+    );
+    m.release("a");
+    // Two blocks registered in one commit make one event.
+    write(&mut m, "b", &[10, 11, 12, 13, 14, 15, 16, 17, 18]).unwrap();
+    let g1 = chain(0, &[10, 11, 12, 13]);
+    let g2 = chain(g1, &[14, 15, 16, 17]);
+    // "b" took the free block and evicted the two oldest cached ones.
+    assert_eq!(
+        m.take_events(),
+        vec![
+            KvEvent::Removed { hashes: vec![h1] },
+            KvEvent::Removed { hashes: vec![h2] },
+            KvEvent::Stored {
+                hashes: vec![g1, g2],
+                parent: None,
+                tokens: vec![10, 11, 12, 13, 14, 15, 16, 17]
+            },
+        ]
+    );
+    m.clear();
+    assert_eq!(m.take_events(), vec![KvEvent::AllCleared]);
 }
