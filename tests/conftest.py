@@ -4,6 +4,7 @@ official OpenAI client (tests/openai) and the browser chat page (tests/webui).
 FERRUM_BIN names the binary (default: target/release/ferrum); models come
 from the Ferrum cache (`scripts/fetch-models.sh smollm2 minilm`).
 """
+import json
 import os
 import re
 import socket
@@ -46,6 +47,16 @@ class Server:
                 pass
             time.sleep(0.2)
         raise RuntimeError("ferrum serve did not become healthy")
+
+    def post(self, path, body):
+        """POSTs `body` as JSON; returns (status, the JSON answer), errors included."""
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
 
     def metric(self, name):
         """A Prometheus sample's value from /metrics (the first series), or None."""

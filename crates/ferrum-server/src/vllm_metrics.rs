@@ -14,7 +14,8 @@
 //!
 //! `vllm:lora_requests_info` waits for LoRA adapters.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use metrics::{
@@ -197,7 +198,7 @@ pub fn install(model_name: &str) -> Result<PrometheusHandle, String> {
         Label::new("model_name", model_name.to_string()),
         Label::new("engine", "0"),
     ];
-    metrics::set_global_recorder(Mirror { inner, labels })
+    metrics::set_global_recorder(Mirror::new(inner, labels))
         .map_err(|e| format!("cannot set up metrics: {e}"))?;
     Ok(handle)
 }
@@ -220,25 +221,49 @@ struct Mirror {
     inner: PrometheusRecorder,
     /// `model_name` and `engine`, added to vLLM's names only.
     labels: Vec<Label>,
+    /// The mirrored handles made so far. `counter!` and its kin register
+    /// at every call (once per generated token for some), and a mirrored
+    /// handle costs allocations to make: it is made once per key.
+    counters: Handles<Counter>,
+    gauges: Handles<Gauge>,
+    histograms: Handles<Histogram>,
 }
 
+type Handles<T> = RwLock<HashMap<Key, T>>;
+
 impl Mirror {
+    fn new(inner: PrometheusRecorder, labels: Vec<Label>) -> Self {
+        Self {
+            inner,
+            labels,
+            counters: RwLock::default(),
+            gauges: RwLock::default(),
+            histograms: RwLock::default(),
+        }
+    }
+
     /// `key`'s handle from `register`, recording under vLLM's names too
-    /// where it has any.
-    fn mirror<T>(
+    /// where it has any (made once, then taken from `made`).
+    fn mirror<T: Clone>(
         &self,
         key: &Key,
+        made: &Handles<T>,
         register: impl Fn(&Key) -> T,
         many: impl FnOnce(Many<T>) -> T,
     ) -> T {
-        let own = register(key);
-        let mut vllm = aliases(key.name())
-            .map(|a| register(&self.vllm_key(a, key)))
-            .peekable();
-        if vllm.peek().is_none() {
-            return own;
+        if aliases(key.name()).next().is_none() {
+            return register(key);
         }
-        many(Many(std::iter::once(own).chain(vllm).collect()))
+        if let Some(h) = made.read().ok().and_then(|m| m.get(key).cloned()) {
+            return h;
+        }
+        let own = register(key);
+        let vllm = aliases(key.name()).map(|a| register(&self.vllm_key(a, key)));
+        let handle = many(Many(std::iter::once(own).chain(vllm).collect()));
+        if let Ok(mut m) = made.write() {
+            m.insert(key.clone(), handle.clone());
+        }
+        handle
     }
 
     /// The vLLM key for `key`: its labels plus `model_name` and `engine`.
@@ -297,6 +322,7 @@ impl Recorder for Mirror {
     fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
         self.mirror(
             key,
+            &self.counters,
             |k| self.inner.register_counter(k, metadata),
             |m| Counter::from_arc(Arc::new(m)),
         )
@@ -305,6 +331,7 @@ impl Recorder for Mirror {
     fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
         self.mirror(
             key,
+            &self.gauges,
             |k| self.inner.register_gauge(k, metadata),
             |m| Gauge::from_arc(Arc::new(m)),
         )
@@ -313,6 +340,7 @@ impl Recorder for Mirror {
     fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
         self.mirror(
             key,
+            &self.histograms,
             |k| self.inner.register_histogram(k, metadata),
             |m| Histogram::from_arc(Arc::new(m)),
         )
@@ -360,7 +388,7 @@ mod tests {
         let inner = builder.build_recorder();
         let handle = inner.handle();
         let labels = vec![Label::new("model_name", "m"), Label::new("engine", "0")];
-        let mirror = Mirror { inner, labels };
+        let mirror = Mirror::new(inner, labels);
         metrics::with_local_recorder(&mirror, || {
             metrics::histogram!("ferrum_time_to_first_token_seconds").record(0.03);
             metrics::counter!("ferrum_requests_finished_total", "finished_reason" => "stop")
@@ -382,10 +410,18 @@ mod tests {
         assert!(text.contains("ferrum_kv_blocks_used 3"));
         metrics::with_local_recorder(&mirror, || {
             metrics::gauge!("ferrum_kv_cache_usage").set(0.25);
+            // A second call takes the handle made by the first.
+            metrics::counter!("ferrum_requests_finished_total", "finished_reason" => "stop")
+                .increment(1);
         });
+        assert_eq!(mirror.counters.read().unwrap().len(), 1);
         let text = handle.render();
         assert!(text.contains("vllm:kv_cache_usage_perc{model_name=\"m\",engine=\"0\"} 0.25"));
         assert!(text.contains("vllm:gpu_cache_usage_perc{model_name=\"m\",engine=\"0\"} 0.25"));
+        assert!(text.contains(
+            "vllm:request_success_total{finished_reason=\"stop\",model_name=\"m\",engine=\"0\"} 3"
+        ));
+        assert!(text.contains("ferrum_requests_finished_total{finished_reason=\"stop\"} 3"));
         assert!(!text.contains("vllm:kv_blocks"));
     }
 }
