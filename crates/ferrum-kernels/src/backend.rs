@@ -1,6 +1,7 @@
 //! The `Backend` trait: the complete op surface a model is written against.
 //!
-//! Layout conventions shared by every op (all buffers are f32, row-major):
+//! Layout conventions shared by every op (buffers are row-major f32 words,
+//! each tagged with what its words hold: [`Dtype`]):
 //! - activations are token-major `[tokens, features]`;
 //! - a linear weight is `[n_out, k_in]` (PyTorch / GGUF row order), so a
 //!   projection is `out[m, n] = a[m, k] · w[n, k]ᵀ`;
@@ -16,6 +17,7 @@
 //! each op reads and writes only the extent its size arguments describe. A
 //! buffer smaller than that extent is a caller bug and panics.
 
+use crate::dtype::Dtype;
 use crate::shapes::{Gemm, Heads, Mat, Span};
 use ferrum_types::{FerrumError, GgmlType, Result};
 
@@ -102,6 +104,20 @@ const GGUF_KERNEL_TYPES: [(GgufQuantType, GgmlType, &str); 15] = {
 };
 
 impl GgufQuantType {
+    /// `bytes` must be exactly `n` rows of `k` values in this type's
+    /// blocks (what [`Backend::load_gguf`] is given), else an error
+    /// naming the sizes.
+    pub fn check_weight_bytes(self, bytes: usize, n: usize, k: usize) -> Result<()> {
+        let ty = self.ggml();
+        let (bs, bb) = (ty.block_size(), ty.block_bytes());
+        if !k.is_multiple_of(bs) || bytes != n * (k / bs) * bb {
+            return Err(FerrumError::invalid(format!(
+                "{bytes} bytes are not {n} rows of {k} values in {ty} blocks"
+            )));
+        }
+        Ok(())
+    }
+
     /// Every block format with kernels, in the table's order.
     pub fn all() -> impl Iterator<Item = Self> {
         GGUF_KERNEL_TYPES.iter().map(|e| e.0)
@@ -173,8 +189,8 @@ mod quant_table_tests {
 /// [`Backend::load_gguf`] chose: the file's, unless the backend re-lays
 /// them out for its kernels.
 ///
-/// `g_idx` with a GGUF kind is an *input order* (u32 values stored bit for
-/// bit in the buffer's words, as [`input_order`] makes them): weight column
+/// `g_idx` with a GGUF kind is an *input order* (u32 values from
+/// [`Backend::from_u32`]): weight column
 /// `j` multiplies input column `g_idx[j]`. An act-order GPTQ checkpoint,
 /// whose groups are scattered over the input columns, is loaded with its
 /// columns sorted by group so that every 32-column block has one scale;
@@ -197,9 +213,9 @@ pub struct ExpertRows<'a, B: Backend> {
     pub rows: usize,
 }
 
-/// An input order (see [`QuantWeights`]) as f32 words bit for bit, for
-/// `Backend::from_slice`.
-pub fn input_order(order: &[u32]) -> Vec<f32> {
+/// An input order (see [`QuantWeights`]) as f32 words bit for bit, as
+/// backends store one ([`Backend::from_u32`]).
+pub(crate) fn input_order(order: &[u32]) -> Vec<f32> {
     order.iter().map(|&i| f32::from_bits(i)).collect()
 }
 
@@ -568,7 +584,8 @@ pub enum QkMode {
 /// complete by [`Backend::sync`]. Model code threads one context through a
 /// whole forward pass and syncs only when it must read results.
 pub trait Backend: Send + Sync + Sized + 'static {
-    /// A device buffer of f32 values.
+    /// A device buffer of f32 words, tagged with what they hold
+    /// ([`Backend::dtype`]).
     type Buffer: Send + Sync;
 
     /// Where work accumulates until `sync` (CPU: `()`, CUDA: a stream).
@@ -986,6 +1003,20 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// A buffer holding a copy of `data`.
     fn from_slice(data: &[f32]) -> Self::Buffer;
 
+    /// A buffer holding `data` as u32 values ([`Dtype::U32`]): an input
+    /// order for [`QuantWeights::g_idx`]. (Not in the seed, which packs
+    /// such values into an f32 buffer; the tag lets `gemm_quant` refuse
+    /// an order made of values.)
+    fn from_u32(data: &[u32]) -> Self::Buffer;
+
+    /// What `buf`'s words hold, as the call that made it tagged them:
+    /// `alloc`/`from_slice` f32, `alloc_kv` its dtype, `from_u32` u32,
+    /// `load_gguf` blocks (repacked where the backend re-lays them out).
+    /// (Not in the seed, whose buffers are untyped f32; ops that take
+    /// weights or orders check the tag, so no op reads one layout as
+    /// another.)
+    fn dtype(buf: &Self::Buffer) -> Dtype;
+
     /// Copies the first `out.len()` values to the host into `out`: the
     /// allocation-free [`Backend::to_vec`], for per-token reads (logits).
     /// Default: through `to_vec`.
@@ -1013,7 +1044,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         n: usize,
         k: usize,
     ) -> Result<Self::Buffer> {
-        let _ = (quant_type, n, k);
+        quant_type.check_weight_bytes(bytes.len(), n, k)?;
         Ok(Self::from_slice(&pack_bytes(bytes)))
     }
 

@@ -13,8 +13,8 @@
 
 use ferrum_kernels::quant::{dequantize, random_blocks};
 use ferrum_kernels::{
-    pack_bytes, AttnConfig, AttnSegment, Backend, CpuBackend as C, CudaBackend as G, ExpertRows,
-    Gemm, GgufQuantType, Heads, Mat, PagedKv, QkMode, QkNorm, QkOp, QkPrep, QuantKind,
+    pack_bytes, AttnConfig, AttnSegment, Backend, CpuBackend as C, CudaBackend as G, Dtype,
+    ExpertRows, Gemm, GgufQuantType, Heads, Mat, PagedKv, QkMode, QkNorm, QkOp, QkPrep, QuantKind,
     QuantWeights, SeedOps, Span,
 };
 use ferrum_types::GgmlType;
@@ -501,6 +501,80 @@ fn failed_ops_are_reported_by_take_error_and_later_ops_skipped() {
     G::sync(ctx);
     assert!(G::take_error(ctx).is_ok());
     assert_eq!(G::to_vec(&dst, 4), vec![7.0; 4]);
+}
+
+/// Buffers say what they hold: `load_gguf` tags blocks, `from_u32` an
+/// input order. An act-order GEMM (its activation gathered by a u32
+/// order) matches the CPU; a weight read as another type, an order made
+/// of f32 values, and a launch handed blocks where it reads floats are
+/// errors, not garbage.
+#[test]
+fn typed_buffers_run_act_order_and_refuse_other_layouts() {
+    if !gpu() {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(9);
+    let (m, n, k) = (3, 64, 512);
+    let ty = GgufQuantType::Q4K;
+    let bytes = random_blocks(ty.ggml(), n * k / 256, 3).unwrap();
+    let (cw, gw) = (
+        C::load_gguf(&bytes, ty, n, k).unwrap(),
+        G::load_gguf(&bytes, ty, n, k).unwrap(),
+    );
+    assert_eq!(G::dtype(&gw), Dtype::Blocks(GgmlType::Q4_K));
+    let mut order: Vec<u32> = (0..k as u32).collect();
+    order.shuffle(&mut rng);
+    let (co_, go_) = (C::from_u32(&order), G::from_u32(&order));
+    assert_eq!(G::dtype(&go_), Dtype::U32);
+    let a = rand_vec(&mut rng, m * k);
+    let (ca, ga) = up(&a);
+    let kind = QuantKind::Gguf { quant_type: ty, int8_activations: false };
+    let shape = Gemm { m, n, k };
+    let (mut co, mut go) = (C::alloc(m * n), G::alloc(m * n));
+    let cq = QuantWeights::<C> {
+        qweight: &cw,
+        scales: None,
+        zeros: None,
+        g_idx: Some(&co_),
+    };
+    C::gemm_quant(&mut (), &ca, &cq, &mut co, shape, &kind).unwrap();
+    let ctx = &mut G::new_context();
+    let gq = QuantWeights::<G> {
+        qweight: &gw,
+        scales: None,
+        zeros: None,
+        g_idx: Some(&go_),
+    };
+    G::gemm_quant(ctx, &ga, &gq, &mut go, shape, &kind).unwrap();
+    G::sync(ctx);
+    G::take_error(ctx).unwrap();
+    let want = C::to_vec(&co, m * n);
+    assert_nmse(
+        "act-order gemm_quant Q4_K",
+        &G::to_vec(&go, m * n),
+        &want,
+        MATMUL,
+    );
+
+    let q6k = QuantKind::Gguf {
+        quant_type: GgufQuantType::Q6K,
+        int8_activations: false,
+    };
+    assert!(G::gemm_quant(ctx, &ga, &gq, &mut go, shape, &q6k).is_err());
+    let values = G::from_slice(&order.iter().map(|&o| o as f32).collect::<Vec<_>>());
+    let bad = QuantWeights::<G> {
+        qweight: &gw,
+        scales: None,
+        zeros: None,
+        g_idx: Some(&values),
+    };
+    assert!(G::gemm_quant(ctx, &ga, &bad, &mut go, shape, &kind).is_err());
+    // Blocks handed to a kernel that reads floats: the launch refuses.
+    let mut out = G::alloc(k);
+    G::rms_norm(ctx, &gw, &ga, 1e-6, &mut out, Mat { rows: 1, cols: k });
+    G::sync(ctx);
+    let err = G::take_error(ctx).unwrap_err().to_string();
+    assert!(err.contains("rms_norm") && err.contains("Q4_K"), "{err}");
 }
 
 /// The paged ops over shuffled block tables of 16 positions against the

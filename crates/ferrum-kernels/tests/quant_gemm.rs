@@ -9,8 +9,7 @@ use ferrum_kernels::cpu::{integer_activation_group, takes_int8_activations};
 use ferrum_kernels::quant::act::quantize_act;
 use ferrum_kernels::quant::dequantize;
 use ferrum_kernels::{
-    pack_bytes, Backend, CpuBackend, CpuDtype, Gemm, GgufQuantType, KvDtype, QuantKind,
-    QuantWeights,
+    pack_bytes, Backend, CpuBackend, Dtype, Gemm, GgufQuantType, KvDtype, QuantKind, QuantWeights,
 };
 use ferrum_types::GgmlType;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -414,12 +413,14 @@ fn short_buffers_and_ragged_k_are_errors() {
     // type, a KV pool never as a weight.
     let q4k = B::load_gguf(&[0u8; 144 * 2], GgufQuantType::Q4K, 2, 256).unwrap();
     let want = match integer_activation_group(GgufQuantType::Q4K) {
-        Some(_) => CpuDtype::Repacked(GgmlType::Q4_K),
-        None => CpuDtype::Blocks(GgmlType::Q4_K),
+        Some(_) => Dtype::Repacked(GgmlType::Q4_K),
+        None => Dtype::Blocks(GgmlType::Q4_K),
     };
-    assert_eq!(q4k.dtype(), want);
+    assert_eq!(B::dtype(&q4k), want);
     let f16_pool = B::alloc_kv(512, KvDtype::F16);
-    assert_eq!(f16_pool.dtype(), CpuDtype::F16);
+    assert_eq!(B::dtype(&f16_pool), Dtype::F16);
+    assert_eq!(B::dtype(&B::alloc(4)), Dtype::F32);
+    assert_eq!(B::dtype(&B::from_slice(&[1.0])), Dtype::F32);
     let a256 = B::alloc(256);
     for (qw, ty, ok) in [
         (&q4k, GgufQuantType::Q4K, true),
@@ -441,7 +442,34 @@ fn short_buffers_and_ragged_k_are_errors() {
             Gemm { m: 1, n: 2, k: 256 },
             &kind,
         );
-        assert_eq!(r.is_ok(), ok, "{:?} read as {ty:?}", qw.dtype());
+        assert_eq!(r.is_ok(), ok, "{:?} read as {ty:?}", B::dtype(qw));
+    }
+    // An input order is u32 (from_u32): the same numbers as f32 values
+    // are refused rather than read as garbage column indices.
+    let identity: Vec<u32> = (0..256).collect();
+    let as_u32 = B::from_u32(&identity);
+    assert_eq!(B::dtype(&as_u32), Dtype::U32);
+    let as_values = B::from_slice(&identity.iter().map(|&i| i as f32).collect::<Vec<_>>());
+    for (order, ok) in [(&as_u32, true), (&as_values, false)] {
+        let w = QuantWeights::<B> {
+            qweight: &q4k,
+            scales: None,
+            zeros: None,
+            g_idx: Some(order),
+        };
+        let kind = QuantKind::Gguf {
+            quant_type: GgufQuantType::Q4K,
+            int8_activations: false,
+        };
+        let r = B::gemm_quant(
+            &mut (),
+            &a256,
+            &w,
+            &mut out,
+            Gemm { m: 1, n: 2, k: 256 },
+            &kind,
+        );
+        assert_eq!(r.is_ok(), ok, "order of {:?}", B::dtype(order));
     }
     assert!(B::load_gguf(&[0u8; 34 * 3], t, 2, 64).is_err(), "short");
     assert!(B::load_gguf(&[0u8; 34 * 4], t, 2, 48).is_err(), "ragged k");

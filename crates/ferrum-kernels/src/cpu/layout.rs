@@ -155,10 +155,10 @@ mod tests {
     #[test]
     fn reordering_gathers_columns_and_refuses_bad_orders() {
         let a: Vec<f32> = (0..8).map(|x| x as f32).collect(); // [2, 4]
-        let order = crate::input_order(&[2, 0, 3, 1]);
+        let order = crate::backend::input_order(&[2, 0, 3, 1]);
         let got = with_reordered(&a, &order, 2, 4, |x| Ok(x.to_vec())).unwrap();
         assert_eq!(got, [2.0, 0.0, 3.0, 1.0, 6.0, 4.0, 7.0, 5.0]);
-        let bad = crate::input_order(&[0, 1, 2, 4]);
+        let bad = crate::backend::input_order(&[0, 1, 2, 4]);
         assert!(with_reordered(&a, &bad, 2, 4, |_| Ok(())).is_err());
         assert!(with_reordered(&a, &order[..3], 2, 4, |_| Ok(())).is_err());
     }

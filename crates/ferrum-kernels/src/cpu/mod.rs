@@ -47,7 +47,7 @@ pub(crate) mod simd;
 
 use std::ops::{Deref, DerefMut};
 
-use ferrum_types::{FerrumError, GgmlType, Result};
+use ferrum_types::{FerrumError, Result};
 use half::f16;
 use profile::Op;
 use rayon::prelude::*;
@@ -59,8 +59,8 @@ use crate::batch_attention::{self, AttnLayer, AttnPlan, AttnScratch};
 use crate::seed_ops::SeedOps;
 use crate::shapes::{Gemm, Heads, Mat, Span};
 use crate::{
-    packed_bytes, AttnConfig, AttnSegment, Backend, Capabilities, GgufQuantType, KvDtype, PagedKv,
-    QkOp, QkPrep, QuantKind, QuantWeights,
+    packed_bytes, AttnConfig, AttnSegment, Backend, Capabilities, Dtype, GgufQuantType, KvDtype,
+    PagedKv, QkOp, QkPrep, QuantKind, QuantWeights,
 };
 
 /// Element-wise work below this many values stays on the calling thread:
@@ -198,49 +198,25 @@ pub fn on_pool<R: Send>(
     }))
 }
 
-/// What the 32-bit words of a [`CpuBuffer`] hold.
-///
-/// The seed's `Backend` moves every buffer as f32 words; the dtype says how
-/// the CPU kernels read them, so that no op reads one layout as another.
-/// (bf16 and the GPTQ/AWQ/FP8 layouts join this list with their kernels.)
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum CpuDtype {
-    /// f32 values. Also what [`Backend::from_slice`] makes of GGUF blocks
-    /// packed with [`crate::pack_bytes`] (the seed's route), which
-    /// `gemm_quant` reads in the file's layout by the kind it is given.
-    #[default]
-    F32,
-    /// f16 values, two to a word (a half-precision KV pool from
-    /// [`Backend::alloc_kv`]); the paged ops and `copy_slice` count f16
-    /// values.
-    F16,
-    /// GGUF blocks of this type in the file's layout (from `load_gguf`).
-    Blocks(GgmlType),
-    /// GGUF blocks of this type re-laid out at load for the CPU kernels
-    /// (from `load_gguf`): interleaved rows for the 32-value types
-    /// (`interleaved`), eight-row groups for the k-quants (`kquant_rows`).
-    Repacked(GgmlType),
-}
-
 /// A host buffer of 32-bit words and what they hold.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CpuBuffer {
     data: Vec<f32>,
-    dtype: CpuDtype,
+    dtype: Dtype,
 }
 
 impl CpuBuffer {
     /// Takes ownership of `data` (f32 values) without copying.
     pub fn from_vec(data: Vec<f32>) -> Self {
-        Self { data, dtype: CpuDtype::F32 }
+        Self { data, dtype: Dtype::F32 }
     }
 
-    pub fn dtype(&self) -> CpuDtype {
+    pub fn dtype(&self) -> Dtype {
         self.dtype
     }
 
     fn is_f16(&self) -> bool {
-        self.dtype == CpuDtype::F16
+        self.dtype == Dtype::F16
     }
 
     /// Gives the values back.
@@ -320,7 +296,10 @@ impl Backend for CpuBackend {
                 };
                 match weights.g_idx {
                     None => run(a, out),
-                    Some(order) => layout::with_reordered(a, order, m, k, |a| run(a, out)),
+                    Some(order) => {
+                        order.dtype.check_order("gemm_quant")?;
+                        layout::with_reordered(a, order, m, k, |a| run(a, out))
+                    }
                 }
             }
             other => Err(FerrumError::unsupported(format!(
@@ -678,7 +657,7 @@ impl Backend for CpuBackend {
             KvDtype::F32 => Self::alloc(len),
             KvDtype::F16 => CpuBuffer {
                 data: vec![0.0; len.div_ceil(2)],
-                dtype: CpuDtype::F16,
+                dtype: Dtype::F16,
             },
         }
     }
@@ -689,6 +668,17 @@ impl Backend for CpuBackend {
 
     fn from_slice(data: &[f32]) -> Self::Buffer {
         CpuBuffer::from_vec(data.to_vec())
+    }
+
+    fn from_u32(data: &[u32]) -> Self::Buffer {
+        CpuBuffer {
+            data: crate::backend::input_order(data),
+            dtype: Dtype::U32,
+        }
+    }
+
+    fn dtype(buf: &Self::Buffer) -> Dtype {
+        buf.dtype
     }
 
     fn read_into(buf: &Self::Buffer, out: &mut [f32]) {
@@ -713,29 +703,23 @@ impl Backend for CpuBackend {
         k: usize,
     ) -> Result<Self::Buffer> {
         let _awake = awake::keep_awake();
+        quant_type.check_weight_bytes(bytes.len(), n, k)?;
         let ty = quant_type.ggml();
-        let (bs, bb) = (ty.block_size(), ty.block_bytes());
-        if !k.is_multiple_of(bs) || bytes.len() != n * (k / bs) * bb {
-            return Err(FerrumError::invalid(format!(
-                "{} bytes are not {n} rows of {k} values in {ty} blocks",
-                bytes.len()
-            )));
-        }
         Ok(
             if interleaved::supports(ty) && interleaved::repackable(bytes, ty) {
                 CpuBuffer {
                     data: interleaved::repack(bytes, ty, n, k)?,
-                    dtype: CpuDtype::Repacked(ty),
+                    dtype: Dtype::Repacked(ty),
                 }
             } else if kquant_rows::supports(ty) {
                 CpuBuffer {
                     data: kquant_rows::repack(bytes, ty, n, k)?,
-                    dtype: CpuDtype::Repacked(ty),
+                    dtype: Dtype::Repacked(ty),
                 }
             } else {
                 CpuBuffer {
                     data: crate::pack_bytes(bytes),
-                    dtype: CpuDtype::Blocks(ty),
+                    dtype: Dtype::Blocks(ty),
                 }
             },
         )

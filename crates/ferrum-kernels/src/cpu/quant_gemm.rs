@@ -22,8 +22,9 @@ use super::matmul::multi_dot_halves;
 use super::matmul::{blocked, multi_dot, ROWS_PER_TASK, STREAMING_MAX_M};
 use super::profile::{self, Op};
 use super::SyncPtr;
-use super::{interleaved, kquant_rows, CpuDtype};
+use super::{interleaved, kquant_rows};
 use crate::quant::dequantize;
+use crate::Dtype;
 
 /// Up to this many groups of `STREAMING_MAX_M` activation rows stream each
 /// dequantized weight row once per group; above it, dequantizing a tile once
@@ -61,24 +62,14 @@ pub(crate) fn gemm_gguf(
     a: &[f32],
     w: &[u8],
     ty: GgmlType,
-    layout: CpuDtype,
+    layout: Dtype,
     int8_activations: bool,
     out: &mut [f32],
     m: usize,
     n: usize,
     k: usize,
 ) -> Result<()> {
-    let repacked = match layout {
-        CpuDtype::Repacked(t) if t == ty => true,
-        CpuDtype::Blocks(t) if t == ty => false,
-        // Blocks packed into words by the caller (the seed's route).
-        CpuDtype::F32 => false,
-        other => {
-            return Err(FerrumError::invalid(format!(
-                "gemm_quant {ty}: the weight holds {other:?}"
-            )))
-        }
-    };
+    let repacked = layout.weight_layout(ty, "gemm_quant")?;
     let (bs, bb) = (ty.block_size(), ty.block_bytes());
     if !k.is_multiple_of(bs) {
         return Err(FerrumError::invalid(format!(

@@ -5,10 +5,10 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use cudarc::driver::{CudaSlice, LaunchConfig};
+use cudarc::driver::LaunchConfig;
 
-use super::CudaBackend;
 use super::{device, i, launch, linear, per_row, scratch, CudaContext};
+use super::{CudaBackend, CudaBuffer};
 use crate::backend::{AttnConfig, AttnSegment, PagedKv, QkPrep};
 
 /// Key splits of a decode step (flash-decoding): one per 256 keys of the
@@ -77,11 +77,11 @@ pub(super) fn prepare_step(ctx: &mut CudaContext, segs: &[AttnSegment], cfg: &At
 /// `attention` then, with split keys, `attention_combine` over `segs`.
 pub(super) fn attend(
     ctx: &mut CudaContext,
-    q: &CudaSlice<f32>,
-    k_pool: &CudaSlice<f32>,
-    v_pool: &CudaSlice<f32>,
+    q: &CudaBuffer,
+    k_pool: &CudaBuffer,
+    v_pool: &CudaBuffer,
     segs: &[AttnSegment],
-    out: &mut CudaSlice<f32>,
+    out: &mut CudaBuffer,
     cfg: &AttnConfig,
 ) {
     let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
@@ -158,10 +158,10 @@ pub(super) fn attend(
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attend_contiguous(
     ctx: &mut CudaContext,
-    q: &CudaSlice<f32>,
-    k: &CudaSlice<f32>,
-    v: &CudaSlice<f32>,
-    out: &mut CudaSlice<f32>,
+    q: &CudaBuffer,
+    k: &CudaBuffer,
+    v: &CudaBuffer,
+    out: &mut CudaBuffer,
     batch: usize,
     q_len: usize,
     kv_len: usize,
@@ -193,12 +193,12 @@ pub(super) fn attend_contiguous(
 #[allow(clippy::too_many_arguments)]
 pub(super) fn append(
     ctx: &mut CudaContext,
-    k_pool: &mut CudaSlice<f32>,
-    v_pool: &mut CudaSlice<f32>,
+    k_pool: &mut CudaBuffer,
+    v_pool: &mut CudaBuffer,
     pages: &PagedKv,
     pos: usize,
-    new_k: &CudaSlice<f32>,
-    new_v: &CudaSlice<f32>,
+    new_k: &CudaBuffer,
+    new_v: &CudaBuffer,
     n: usize,
     nkv: usize,
     hd: usize,
@@ -239,10 +239,10 @@ pub(super) fn append(
 /// one launch: see `Backend::decode_rows_qkv`.
 pub(super) fn rows_qkv(
     ctx: &mut CudaContext,
-    [q, k, v]: [&CudaSlice<f32>; 3],
+    [q, k, v]: [&CudaBuffer; 3],
     prep: QkPrep<'_, CudaBackend>,
-    q_out: &mut CudaSlice<f32>,
-    [k_pool, v_pool]: [&mut CudaSlice<f32>; 2],
+    q_out: &mut CudaBuffer,
+    [k_pool, v_pool]: [&mut CudaBuffer; 2],
     segs: &[AttnSegment],
     cfg: &AttnConfig,
 ) {

@@ -10,8 +10,8 @@ use cudarc::cublas::{Gemm, GemmConfig};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 use ferrum_types::{FerrumError, Result};
 
-use super::launch::{self, Ptr};
-use super::{device, i, linear, scratch, CudaContext};
+use super::launch::{self, Ptr, PtrMut};
+use super::{device, i, linear, scratch, CudaBuffer, CudaContext};
 use crate::backend::{ExpertRows, GgufQuantType};
 
 /// Rows up to which `gemm_quant` runs the q8_1 GEMV: tiles of
@@ -74,7 +74,7 @@ pub(super) fn sgemm(
 pub(super) fn dequant_gemm(
     ctx: &mut CudaContext,
     t: GgufQuantType,
-    w: &CudaSlice<f32>,
+    w: &CudaBuffer,
     a: &(impl DevicePtr<f32> + Ptr),
     out: &mut impl DevicePtrMut<f32>,
     m: usize,
@@ -180,9 +180,9 @@ fn with_q8(
 pub(super) fn gemm_blocks(
     ctx: &mut CudaContext,
     quant_type: GgufQuantType,
-    w: &CudaSlice<f32>,
-    a: &CudaSlice<f32>,
-    out: &mut CudaSlice<f32>,
+    w: &CudaBuffer,
+    a: &(impl DevicePtr<f32> + Ptr),
+    out: &mut (impl DevicePtrMut<f32> + PtrMut),
     m: usize,
     n: usize,
     k: usize,
@@ -230,9 +230,9 @@ pub(super) fn gemm_blocks(
 /// through [`dequant_gemm`] one by one.
 pub(super) fn gemm_experts(
     ctx: &mut CudaContext,
-    a: &CudaSlice<f32>,
+    a: &CudaBuffer,
     groups: &[ExpertRows<'_, super::CudaBackend>],
-    out: &mut CudaSlice<f32>,
+    out: &mut CudaBuffer,
     n: usize,
     k: usize,
     quant_type: GgufQuantType,

@@ -22,18 +22,60 @@ use cudarc::driver::{
 };
 
 use super::{device, CudaContext};
-use crate::GgufQuantType;
+use crate::{Dtype, GgufQuantType};
 
 /// A device pointer a kernel reads (a `const T*` parameter).
 pub(super) trait Ptr {
     /// The raw pointer; `stream` waits for earlier writes, and the guard
     /// records this use when dropped after the launch.
     fn raw<'a>(&'a self, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>);
+
+    /// What the memory holds, where it says (a `Backend` buffer); `None`
+    /// for the backend's own scratch and metadata.
+    fn held(&self) -> Option<Dtype> {
+        None
+    }
 }
 
 /// A device pointer a kernel writes (a `T*` parameter).
-pub(super) trait PtrMut {
+pub(super) trait PtrMut: Ptr {
     fn raw_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (u64, SyncOnDrop<'a>);
+}
+
+/// Whether a buffer holding `held` may be passed for a pointer of C type
+/// `c` (as the table writes it: `const float *`, `u8 *`, ...): floats are
+/// f32 values (the CUDA KV pools included), bytes are GGUF blocks (or
+/// words the caller packed them into: the seed's route), `u32`/`unsigned`
+/// are u32 values. Other pointer types are scratch the backend makes
+/// itself, which carries no tag.
+pub(super) fn accepts(c: &str, held: Dtype) -> bool {
+    let pointee = c.trim_start_matches("const ").trim_end_matches('*').trim();
+    match pointee {
+        "float" => held == Dtype::F32,
+        "u8" => matches!(held, Dtype::Blocks(_) | Dtype::F32),
+        "u32" | "unsigned" => held == Dtype::U32,
+        _ => held == Dtype::F32,
+    }
+}
+
+/// A launch's argument whose tag its parameter's C type does not accept,
+/// as an error message; checked for every pointer before a launch.
+macro_rules! check_arg {
+    ($ctx:ident, $kernel:expr, $a:ident, $($c:ident)+ *) => {
+        if let Some(held) = Ptr::held(&*$a) {
+            let c = stringify!($($c)+ *);
+            if !accepts(c, held) {
+                $ctx.fail(format!(
+                    "CUDA {}: parameter `{}` ({c}) was given {}",
+                    $kernel,
+                    stringify!($a),
+                    held.describe()
+                ));
+                return;
+            }
+        }
+    };
+    ($ctx:ident, $kernel:expr, $a:ident, $($c:ident)+) => {};
 }
 
 impl<T> Ptr for CudaSlice<T> {
@@ -116,6 +158,7 @@ macro_rules! kernels {
                 if ctx.error.is_some() {
                     return;
                 }
+                $( check_arg!(ctx, stringify!($name), $arg, $($c)+); )*
                 let stream = ctx.stream.clone();
                 let s: &CudaStream = &stream;
                 let mut b = s.launch_builder(&device::get().funcs[Fixed::$name as usize]);
@@ -139,6 +182,7 @@ macro_rules! kernels {
                 if ctx.error.is_some() {
                     return;
                 }
+                $( check_arg!(ctx, format!("{}_{}", stringify!($fam), t.name()), $farg, $($fc)+); )*
                 let stream = ctx.stream.clone();
                 let s: &CudaStream = &stream;
                 let f = &device::get().funcs[family_index(Family::$fam as usize, t)];
@@ -272,4 +316,57 @@ pub(super) fn declarations() -> String {
     kernels()
         .map(|(n, p)| format!("extern \"C\" __global__ void {n}({});\n", p.join(", ")))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::accepts;
+    use crate::Dtype;
+    use ferrum_types::GgmlType;
+
+    #[test]
+    fn pointer_types_take_only_what_they_read() {
+        let blocks = Dtype::Blocks(GgmlType::Q4_K);
+        for (c, held, ok) in [
+            ("const float *", Dtype::F32, true),
+            ("float *", Dtype::F32, true),
+            ("const float *", blocks, false),
+            ("float *", Dtype::U32, false),
+            ("const float *", Dtype::F16, false),
+            ("const u8 *", blocks, true),
+            ("const u8 *", Dtype::F32, true),
+            ("const u8 *", Dtype::U32, false),
+            ("const u32 *", Dtype::U32, true),
+            ("const u32 *", Dtype::F32, false),
+            ("const unsigned *", Dtype::U32, true),
+            ("u16 *", Dtype::F32, true),
+            ("u16 *", blocks, false),
+        ] {
+            assert_eq!(accepts(c, held), ok, "{c} given {held:?}");
+        }
+    }
+
+    /// Every pointer type the table uses is one `accepts` decides on
+    /// purpose: a new one must be added there, not fall to the default.
+    #[test]
+    fn the_table_uses_known_pointer_types() {
+        let known = [
+            "float",
+            "u8",
+            "u32",
+            "unsigned",
+            "u16",
+            "int",
+            "signed char",
+            "float2",
+            "unsigned long long",
+        ];
+        for (name, params) in super::kernels() {
+            for p in params.iter().filter(|p| p.contains('*')) {
+                let c = p.rsplit_once('*').map_or("", |(c, _)| c);
+                let pointee = c.trim_start_matches("const ").trim();
+                assert!(known.contains(&pointee), "{name}: {p}");
+            }
+        }
+    }
 }

@@ -26,6 +26,7 @@ use crate::backend::{
 use crate::batch_attention::{self, AttnLayer, AttnPlan, AttnScratch};
 use crate::seed_ops::SeedOps;
 use crate::shapes::{Gemm, Heads, Mat, Span};
+use crate::Dtype;
 
 /// `Backend` on an NVIDIA GPU.
 pub struct CudaBackend;
@@ -60,6 +61,7 @@ impl CudaContext {
     }
 }
 
+pub use buffer::CudaBuffer;
 pub use device::{precompile, ptxas_report};
 
 /// The kernels' source as NVRTC compiles it (the files of `kernels/`, in
@@ -142,6 +144,7 @@ fn i(x: usize) -> i32 {
 }
 
 mod attention;
+mod buffer;
 mod device;
 mod gemm;
 mod graphs;
@@ -183,13 +186,13 @@ fn scratch(slot: &ScratchSlot, len: usize) -> std::sync::MutexGuard<'_, Option<C
     if guard.as_ref().is_none_or(|s| s.len() < len) {
         // Captured steps hold the old buffer's address.
         lock(&device::get().graphs).invalidate();
-        *guard = Some(CudaBackend::alloc(len));
+        *guard = Some(buffer::zeros(len));
     }
     guard
 }
 
 impl Backend for CudaBackend {
-    type Buffer = CudaSlice<f32>;
+    type Buffer = CudaBuffer;
     type Context = CudaContext;
 
     fn new_context() -> CudaContext {
@@ -645,16 +648,10 @@ impl Backend for CudaBackend {
         launch::gelu_erf(ctx, linear(len), x, out, i(len));
     }
 
-    /// Running out of device memory here panics, as a failed host
-    /// allocation aborts: the seed's signature has no error, and callers
-    /// allocate at load or when scratch grows, never per step (the engine's
-    /// step fence turns it into failed requests). The same holds for
+    /// Running out of device memory panics (see `buffer::zeros`); so do
     /// `from_slice` and `to_vec`.
     fn alloc(len: usize) -> Self::Buffer {
-        match device::get().stream.alloc_zeros::<f32>(len.max(1)) {
-            Ok(b) => b,
-            Err(e) => panic!("CUDA allocation of {len} floats failed: {e:?}"),
-        }
+        CudaBuffer::new(buffer::zeros(len), Dtype::F32)
     }
 
     fn to_vec(buf: &Self::Buffer, len: usize) -> Vec<f32> {
@@ -665,13 +662,29 @@ impl Backend for CudaBackend {
     }
 
     fn from_slice(data: &[f32]) -> Self::Buffer {
-        if data.is_empty() {
-            return Self::alloc(1);
-        }
-        match device::get().stream.clone_htod(data) {
-            Ok(b) => b,
-            Err(e) => panic!("CUDA upload of {} floats failed: {e:?}", data.len()),
-        }
+        CudaBuffer::new(buffer::upload(data), Dtype::F32)
+    }
+
+    fn from_u32(data: &[u32]) -> Self::Buffer {
+        let words = crate::backend::input_order(data);
+        CudaBuffer::new(buffer::upload(&words), Dtype::U32)
+    }
+
+    fn dtype(buf: &Self::Buffer) -> Dtype {
+        buf.dtype()
+    }
+
+    /// The file's blocks, unchanged (the kernels read GGUF's layout).
+    fn load_gguf(
+        bytes: &[u8],
+        quant_type: GgufQuantType,
+        n: usize,
+        k: usize,
+    ) -> Result<Self::Buffer> {
+        quant_type.check_weight_bytes(bytes.len(), n, k)?;
+        let ty = quant_type.ggml();
+        let words = crate::pack_bytes(bytes);
+        Ok(CudaBuffer::new(buffer::upload(&words), Dtype::Blocks(ty)))
     }
 
     fn gemm_quant(
@@ -689,11 +702,14 @@ impl Backend for CudaBackend {
             )));
         };
         let w = weights.qweight;
+        w.dtype()
+            .weight_layout(quant_type.ggml(), "CUDA gemm_quant")?;
         // An act-order weight's input order (see `QuantWeights`): the
         // activation is gathered once, then the block kernels run as usual.
         let Some(order) = weights.g_idx else {
             return gemm::gemm_blocks(ctx, *quant_type, w, a, out, m, n, k);
         };
+        order.dtype().check_order("CUDA gemm_quant")?;
         let mut guard = scratch(&device::get().reorder_scratch, m * k);
         let Some(buf) = guard.as_mut() else {
             return Err(FerrumError::Device("scratch allocation failed".into()));
@@ -713,6 +729,10 @@ impl Backend for CudaBackend {
         k: usize,
         quant_type: GgufQuantType,
     ) -> Result<()> {
+        for g in groups {
+            let what = "CUDA gemm_quant_experts";
+            g.weights.dtype().weight_layout(quant_type.ggml(), what)?;
+        }
         gemm::gemm_experts(ctx, a, groups, out, n, k, quant_type)
     }
 }

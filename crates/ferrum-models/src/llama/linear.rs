@@ -3,7 +3,7 @@
 //! raw parts at load.
 
 use ferrum_kernels::quant::dequantize;
-use ferrum_kernels::{input_order, Backend, Gemm, GgufQuantType, Mat, QuantKind, QuantWeights};
+use ferrum_kernels::{Backend, Gemm, GgufQuantType, Mat, QuantKind, QuantWeights};
 use ferrum_types::{FerrumError, Result};
 
 use super::tensors::{Bytes, Raw};
@@ -35,7 +35,7 @@ impl<B: Backend> Linear<B> {
                 Linear::Quant { w, kind, .. } => Linear::Quant {
                     w,
                     kind,
-                    order: Some(B::from_slice(&input_order(&order))),
+                    order: Some(B::from_u32(&order)),
                 },
                 Linear::Dense(_) => {
                     return Err(FerrumError::invalid(
