@@ -103,84 +103,24 @@ impl<B: Backend> BertModel<B> {
             return Ok(Vec::new());
         }
         let c = &self.cfg;
-        let (h, nh, hd, im) = (c.hidden, c.heads, c.head_dim(), c.intermediate);
+        let (h, im) = (c.hidden, c.intermediate);
         let rows: usize = inputs.iter().map(|s| s.ids.len()).sum();
         let longest = inputs.iter().map(|s| s.ids.len()).max().unwrap_or(0);
         let ctx = &mut B::new_context();
 
-        // Embeddings: word + position + token type, then LayerNorm.
-        let ids: Vec<u32> = inputs.iter().flat_map(|s| s.ids.iter().copied()).collect();
-        let positions: Vec<u32> = inputs.iter().flat_map(|s| 0..s.ids.len() as u32).collect();
-        let types: Vec<u32> = inputs
-            .iter()
-            .flat_map(|s| match s.type_ids {
-                Some(t) => t.to_vec(),
-                None => vec![0; s.ids.len()],
-            })
-            .collect();
         let mut x = B::alloc(rows * h);
         let mut tmp = B::alloc(rows * h);
-        B::embedding_lookup(ctx, &self.w.word, &ids, &mut tmp, h);
-        B::embedding_lookup(ctx, &self.w.position, &positions, &mut x, h);
-        B::add_inplace(ctx, &mut tmp, &x, rows * h);
-        B::embedding_lookup(ctx, &self.w.token_type, &types, &mut x, h);
-        B::add_inplace(ctx, &mut tmp, &x, rows * h);
-        layer_norm::<B>(ctx, &tmp, &self.w.emb_norm, c.eps, &mut x, rows, h);
-
+        self.embed(ctx, inputs, &mut x, &mut tmp);
         let mut qkv = B::alloc(rows * 3 * h);
         let (mut q, mut k, mut v) = (B::alloc(rows * h), B::alloc(rows * h), B::alloc(rows * h));
         let mut attn = B::alloc(rows * h);
         let mut up = B::alloc(rows * im);
         let mut act = B::alloc(rows * im);
-        let seg = longest * h;
-        let (mut sq, mut sk, mut sv) = (B::alloc(seg), B::alloc(seg), B::alloc(seg));
-        let (mut hq, mut hk, mut hv, mut ho) =
-            (B::alloc(seg), B::alloc(seg), B::alloc(seg), B::alloc(seg));
-        let acfg = AttnConfig {
-            num_heads: nh,
-            num_kv_heads: nh,
-            head_dim: hd,
-            causal: false,
-            scale: 1.0 / (hd as f32).sqrt(),
-            kv_seq_stride: 0,
-            sliding_window: 0,
-            softcap: 0.0,
-        };
+        let mut seq = [(); 7].map(|_| B::alloc(longest * h));
         for lw in &self.w.layers {
             dense::<B>(ctx, &x, &lw.qkv, &mut qkv, rows, 3 * h, h);
             B::split_qkv(ctx, &qkv, [&mut q, &mut k, &mut v], rows, h, h);
-            let mut r0 = 0;
-            for s in inputs {
-                let n = s.ids.len();
-                B::copy_slice(ctx, &q, r0 * h, &mut sq, 0, n * h);
-                B::copy_slice(ctx, &k, r0 * h, &mut sk, 0, n * h);
-                B::copy_slice(ctx, &v, r0 * h, &mut sv, 0, n * h);
-                // Token-major -> head-major: no norm, no RoPE.
-                let (t, heads) = (
-                    QkOp::Transpose,
-                    Heads { tokens: n, heads: nh, head_dim: hd },
-                );
-                B::qk_norm_rope(ctx, &sq, t, &mut hq, heads, 0);
-                B::qk_norm_rope(ctx, &sk, t, &mut hk, heads, 0);
-                B::qk_norm_rope(ctx, &sv, t, &mut hv, heads, 0);
-                B::flash_attention(
-                    ctx,
-                    &hq,
-                    [&hk, &hv],
-                    &mut ho,
-                    1,
-                    Span { q_len: n, kv_len: n, pos_offset: 0 },
-                    &acfg,
-                );
-                B::transpose_head_to_token(
-                    ctx,
-                    &ho,
-                    &mut sq,
-                    Heads { tokens: n, heads: nh, head_dim: hd },
-                );
-                B::copy_slice(ctx, &sq, 0, &mut attn, r0 * h, n * h);
-                r0 += n;
-            }
+            self.attend_each(ctx, inputs, [&q, &k, &v], &mut attn, &mut seq);
             // Post-LN residual blocks: x = LN(x + Attn(x)); x = LN(x + FFN(x)).
             dense::<B>(ctx, &attn, &lw.attn_out, &mut tmp, rows, h, h);
             B::add_inplace(ctx, &mut tmp, &x, rows * h);
@@ -202,6 +142,77 @@ impl<B: Backend> BertModel<B> {
             r0 += n;
         }
         Ok(out)
+    }
+
+    /// Word + position + token-type embeddings of every input's rows,
+    /// LayerNormed, into `x` (`tmp`: scratch of the same size).
+    fn embed(
+        &self,
+        ctx: &mut B::Context,
+        inputs: &[EncoderInput],
+        x: &mut B::Buffer,
+        tmp: &mut B::Buffer,
+    ) {
+        let h = self.cfg.hidden;
+        let rows: usize = inputs.iter().map(|s| s.ids.len()).sum();
+        let ids: Vec<u32> = inputs.iter().flat_map(|s| s.ids.iter().copied()).collect();
+        let positions: Vec<u32> = inputs.iter().flat_map(|s| 0..s.ids.len() as u32).collect();
+        let types: Vec<u32> = inputs
+            .iter()
+            .flat_map(|s| match s.type_ids {
+                Some(t) => t.to_vec(),
+                None => vec![0; s.ids.len()],
+            })
+            .collect();
+        B::embedding_lookup(ctx, &self.w.word, &ids, tmp, h);
+        B::embedding_lookup(ctx, &self.w.position, &positions, x, h);
+        B::add_inplace(ctx, tmp, x, rows * h);
+        B::embedding_lookup(ctx, &self.w.token_type, &types, x, h);
+        B::add_inplace(ctx, tmp, x, rows * h);
+        layer_norm::<B>(ctx, tmp, &self.w.emb_norm, self.cfg.eps, x, rows, h);
+    }
+
+    /// Bidirectional attention of each input over its own rows of the
+    /// token-major `q`, `k`, `v`, written token-major into `attn`. `seq`:
+    /// seven scratch buffers of the longest input's rows.
+    fn attend_each(
+        &self,
+        ctx: &mut B::Context,
+        inputs: &[EncoderInput],
+        [q, k, v]: [&B::Buffer; 3],
+        attn: &mut B::Buffer,
+        seq: &mut [B::Buffer; 7],
+    ) {
+        let c = &self.cfg;
+        let (h, nh, hd) = (c.hidden, c.heads, c.head_dim());
+        let acfg = AttnConfig {
+            num_heads: nh,
+            num_kv_heads: nh,
+            head_dim: hd,
+            causal: false,
+            scale: 1.0 / (hd as f32).sqrt(),
+            kv_seq_stride: 0,
+            sliding_window: 0,
+            softcap: 0.0,
+        };
+        let [sq, sk, sv, hq, hk, hv, ho] = seq;
+        let mut r0 = 0;
+        for s in inputs {
+            let n = s.ids.len();
+            B::copy_slice(ctx, q, r0 * h, sq, 0, n * h);
+            B::copy_slice(ctx, k, r0 * h, sk, 0, n * h);
+            B::copy_slice(ctx, v, r0 * h, sv, 0, n * h);
+            // Token-major -> head-major: no norm, no RoPE.
+            let heads = Heads { tokens: n, heads: nh, head_dim: hd };
+            B::qk_norm_rope(ctx, sq, QkOp::Transpose, hq, heads, 0);
+            B::qk_norm_rope(ctx, sk, QkOp::Transpose, hk, heads, 0);
+            B::qk_norm_rope(ctx, sv, QkOp::Transpose, hv, heads, 0);
+            let span = Span { q_len: n, kv_len: n, pos_offset: 0 };
+            B::flash_attention(ctx, hq, [hk, hv], ho, 1, span, &acfg);
+            B::transpose_head_to_token(ctx, ho, sq, heads);
+            B::copy_slice(ctx, sq, 0, attn, r0 * h, n * h);
+            r0 += n;
+        }
     }
 
     /// BERT's pooler, `tanh(W·h_CLS + b)`, for checkpoints that carry one.
