@@ -128,14 +128,15 @@ fn tokenize_now(
     s: &Shared,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<(Vec<u32>, usize), ApiError> {
-    let req: TokenizeRequest = parse(&body(b)?)?;
+    let bytes = body(b)?;
+    let req: TokenizeRequest = parse(&bytes)?;
     s.check_model(req.model.as_deref())?;
     let ready = s.ready()?;
     let tok = tokenizer(ready);
     let tokens = match (&req.prompt, &req.messages, ready) {
         // As `/v1/completions` reads a prompt: special-token text is the
         // token, so the count is the one a completion would see.
-        (Some(p), None, _) => tok.encode(p, req.add_special_tokens, true),
+        (Some(p), None, _) => tok.encode(&p.0, req.add_special_tokens, true),
         (None, Some(m), Ready::Llm { template, .. }) => {
             let text = render_chat(
                 template.as_ref(),

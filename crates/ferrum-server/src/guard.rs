@@ -14,7 +14,7 @@
 
 use std::net::IpAddr;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
@@ -47,11 +47,11 @@ pub async fn read_body(State(s): State<Shared>, req: Request, next: Next) -> Res
     if declared.is_some_and(|n| n > limit as u64) {
         return too_large();
     }
-    let bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+    let bytes = match tokio::time::timeout(timeout, collect(body, limit, declared)).await {
         Ok(Ok(b)) => b,
-        Ok(Err(e)) if over_limit(&e) => return too_large(),
+        Ok(Err(Unread::TooLarge)) => return too_large(),
         // A body that breaks off or is framed wrong (a chunk size `zz`).
-        Ok(Err(e)) => {
+        Ok(Err(Unread::Broken(e))) => {
             return ApiError::new(
                 StatusCode::BAD_REQUEST,
                 format!("the request body could not be read: {e}"),
@@ -75,17 +75,32 @@ pub async fn read_body(State(s): State<Shared>, req: Request, next: Next) -> Res
         .await
 }
 
-/// Whether reading a body failed on the size limit (rather than on its
-/// framing or a dropped connection).
-fn over_limit(e: &axum::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(s) = source {
-        if s.is::<http_body_util::LengthLimitError>() {
-            return true;
+/// Why a body was not read.
+enum Unread {
+    TooLarge,
+    Broken(axum::Error),
+}
+
+/// The body in one buffer, each frame copied in as it arrives (sized from
+/// `Content-Length` where declared).
+///
+/// Not `axum::body::to_bytes`: it keeps every frame until the end and
+/// then copies them into one buffer, so a 16 MB body was resident twice
+/// over while the request was read.
+async fn collect(mut body: Body, limit: usize, declared: Option<u64>) -> Result<Bytes, Unread> {
+    use http_body_util::BodyExt;
+    let size = declared.map_or(0, |n| usize::try_from(n).unwrap_or(limit));
+    let mut buf = Vec::with_capacity(size.min(limit));
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(Unread::Broken)?.into_data() else {
+            continue; // trailers
+        };
+        if buf.len() + data.len() > limit {
+            return Err(Unread::TooLarge);
         }
-        source = s.source();
+        buf.extend_from_slice(&data);
     }
-    false
+    Ok(Bytes::from(buf))
 }
 
 /// The host part of a `Host` header (no port; IPv6 without brackets).

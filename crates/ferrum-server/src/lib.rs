@@ -358,6 +358,32 @@ async fn http_metrics(req: Request, next: Next) -> Response {
     response
 }
 
+/// Hands freed heap pages back to the kernel every five seconds.
+///
+/// Responses are built from many small allocations (a logprobs answer is
+/// thousands of JSON values) on whichever thread ran the handler, and
+/// glibc keeps what they free in that arena's heap: under
+/// `scripts/soak.py`'s 64 clients the resident set stayed tens of MB
+/// above what was in use. A trim walks the arenas' free lists, on the
+/// blocking pool (its time is logged at debug level); the model thread
+/// allocates nothing per token, so it does not wait on it.
+fn spawn_memory_upkeep() {
+    tokio::spawn(async {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let _ = tokio::task::spawn_blocking(|| {
+                let start = std::time::Instant::now();
+                ferrum_types::release_freed_memory();
+                let ms = start.elapsed().as_secs_f64() * 1e3;
+                tracing::debug!(ms, "returned freed heap pages");
+            })
+            .await;
+        }
+    });
+}
+
 /// A server whose port is bound; [`Bound::run`] loads the model and serves.
 /// Binding first lets the caller tell the user where to go (the real port
 /// when 0 was asked for) before the model loads.
@@ -371,6 +397,7 @@ pub struct Bound {
 pub async fn bind(mut cfg: ServeConfig) -> Result<Bound, String> {
     let prometheus = vllm_metrics::install(&cfg.served_model_name)?;
     vllm_metrics::spawn_upkeep(prometheus.clone());
+    spawn_memory_upkeep();
     if let Some(endpoint) = &cfg.kv_events_endpoint {
         let socket = kv_events::open(endpoint).await?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();

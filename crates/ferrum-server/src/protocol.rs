@@ -4,9 +4,10 @@
 //! malformed or out-of-range field becomes a 400 in OpenAI's error shape
 //! that names the field.
 
+use std::borrow::Cow;
+
 use ferrum_engine::{EmbedInput, ReasoningBudget, SamplingParams};
 use ferrum_formats::sampling::RecommendedSampling;
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -166,16 +167,26 @@ pub struct EmbeddingRequest {
     pub user: Option<String>,
 }
 
+/// `prompt` is borrowed from the body where it has no escapes: a 16 MB
+/// text is then never copied (the body and the ids are what is held).
 #[derive(Deserialize)]
-pub struct TokenizeRequest {
+pub struct TokenizeRequest<'a> {
     pub model: Option<String>,
-    pub prompt: Option<String>,
+    #[serde(borrow)]
+    pub prompt: Option<Text<'a>>,
     pub messages: Option<Vec<ChatMessage>>,
     /// As on chat requests: variables for the chat template.
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     #[serde(default = "yes")]
     pub add_special_tokens: bool,
 }
+
+/// A JSON string borrowed from the body unless it has escapes. (serde
+/// borrows a `Cow<str>` field only when it is not inside an `Option`;
+/// the newtype carries the `borrow` down.)
+#[derive(Deserialize)]
+#[serde(transparent)]
+pub struct Text<'a>(#[serde(borrow)] pub Cow<'a, str>);
 
 fn yes() -> bool {
     true
@@ -189,17 +200,25 @@ pub struct DetokenizeRequest {
 
 /// Parses a JSON body into `T`: a syntax error, a missing field or a wrong
 /// type is a 400 whose message says which.
-pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::invalid(format!("malformed JSON body: {e}"), None))?;
-    if !value.is_object() {
+///
+/// Straight into `T`, not through a `serde_json::Value` first: a string
+/// in a `Value` grows by doubling as it is read, so a 16 MB prompt held
+/// up to 48 MB at once (the old and the new buffer) beside the body.
+pub fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first.is_some_and(|&b| b != b'{') {
         return Err(ApiError::invalid(
             "the request body must be a JSON object",
             None,
         ));
     }
-    serde_json::from_value(value)
-        .map_err(|e| ApiError::invalid(format!("invalid request: {e}"), None))
+    serde_json::from_slice(body).map_err(|e| {
+        let what = match e.classify() {
+            serde_json::error::Category::Data => "invalid request",
+            _ => "malformed JSON body",
+        };
+        ApiError::invalid(format!("{what}: {e}"), None)
+    })
 }
 
 /// vLLM's and SGLang's output options that Ferrum does not implement, at
@@ -609,6 +628,31 @@ mod tests {
         assert_eq!(p.max_tokens, Some(7), "max_completion_tokens wins");
         assert_eq!(p.stop, vec!["x".to_string()]);
         assert_eq!(p.sampling.seed, Some(3));
+    }
+
+    #[test]
+    fn bodies_that_are_not_requests_say_why() {
+        let msg = |b: &[u8]| match parse::<TokenizeRequest>(b) {
+            Ok(_) => "ok".to_string(),
+            Err(e) => e.message,
+        };
+        for (body, starts) in [
+            (&b"[1, 2]"[..], "the request body must be a JSON object"),
+            (b" \n\"text\"", "the request body must be a JSON object"),
+            (b"", "malformed JSON body"),
+            (b"{\"prompt\": \"a", "malformed JSON body"),
+            (b"{\"prompt\": 5}", "invalid request"),
+            (b"{\"prompt\": \"a\\u00e9\"}", "ok"),
+        ] {
+            let got = msg(body);
+            assert!(got.starts_with(starts), "{body:?}: {got}");
+        }
+        let big = format!("{{\"prompt\": \"{}\"}}", "word ".repeat(1000));
+        let req: TokenizeRequest = parse(big.as_bytes()).unwrap();
+        // Borrowed from the body, not copied.
+        assert!(matches!(&req.prompt, Some(Text(Cow::Borrowed(p))) if p.len() == 5000));
+        let escaped: TokenizeRequest = parse(br#"{"prompt": "a\u00e9"}"#).unwrap();
+        assert!(matches!(escaped.prompt, Some(Text(Cow::Owned(p))) if p == "a\u{e9}"));
     }
 
     #[test]
