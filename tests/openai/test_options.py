@@ -1,6 +1,4 @@
 """Request options that change what is generated: each does what it says."""
-import json
-import urllib.request
 
 import openai
 import pytest
@@ -12,18 +10,8 @@ def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
 
-def post(server, path, body):
-    req = urllib.request.Request(server.url + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 def token_ids(server, text):
-    code, r = post(server, "/tokenize", {"model": MODEL, "prompt": text, "add_special_tokens": False})
+    code, r = server.post("/tokenize", {"model": MODEL, "prompt": text, "add_special_tokens": False})
     assert code == 200
     return r["tokens"]
 
@@ -47,7 +35,7 @@ def test_logit_bias_forces_and_bans_tokens(chat_server):
 
 @pytest.mark.parametrize("bias", [{"999999999": 5}, {"12": 150}, {"12": "high"}, {"abc": 1}, [1, 2]])
 def test_bad_logit_bias_is_400(chat_server, bias):
-    code, r = post(chat_server, "/v1/completions", {"model": MODEL, "prompt": "x", "logit_bias": bias})
+    code, r = chat_server.post("/v1/completions", {"model": MODEL, "prompt": "x", "logit_bias": bias})
     assert code == 400, r
     assert r["error"]["param"] == "logit_bias" and r["error"]["message"]
 
@@ -87,7 +75,7 @@ def test_unimplemented_fields_are_400_naming_them(chat_server, path, extra):
     body = {"model": MODEL, "max_tokens": 2}
     body.update({"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"})
     body.update(extra)
-    code, r = post(chat_server, path, body)
+    code, r = chat_server.post(path, body)
     assert code == 400, r
     [name] = extra
     assert r["error"]["param"] == name and name in r["error"]["message"]
@@ -108,24 +96,24 @@ def test_continue_final_message_continues_the_answer(chat_server):
     of the same text gives. `add_generation_prompt: false` ends the prompt where the template ends it."""
     ask = [{"role": "user", "content": "What is the capital of France?"}]
     start = "The capital of France is"
-    code, r = post(chat_server, "/tokenize", {"model": MODEL, "messages": ask})
+    code, r = chat_server.post("/tokenize", {"model": MODEL, "messages": ask})
     assert code == 200
-    code, d = post(chat_server, "/detokenize", {"model": MODEL, "tokens": r["tokens"]})
+    code, d = chat_server.post("/detokenize", {"model": MODEL, "tokens": r["tokens"]})
     opened = d["prompt"]
-    code, plain = post(chat_server, "/v1/completions", {"model": MODEL, "prompt": opened + start,
+    code, plain = chat_server.post("/v1/completions", {"model": MODEL, "prompt": opened + start,
                                                         "max_tokens": 8, "temperature": 0})
     assert code == 200
-    code, cont = post(chat_server, "/v1/chat/completions", {
+    code, cont = chat_server.post("/v1/chat/completions", {
         "model": MODEL, "messages": ask + [{"role": "assistant", "content": start}],
         "continue_final_message": True, "add_generation_prompt": False, "max_tokens": 8, "temperature": 0})
     assert code == 200, cont
     assert cont["choices"][0]["message"]["content"] == plain["choices"][0]["text"]
     assert cont["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]
 
-    code, e = post(chat_server, "/v1/chat/completions", {
+    code, e = chat_server.post("/v1/chat/completions", {
         "model": MODEL, "messages": ask, "continue_final_message": True, "max_tokens": 2})
     assert code == 400 and "last message to be the assistant's" in e["error"]["message"]
-    code, e = post(chat_server, "/v1/chat/completions", {
+    code, e = chat_server.post("/v1/chat/completions", {
         "model": MODEL, "messages": ask + [{"role": "assistant", "content": start}],
         "continue_final_message": True, "add_generation_prompt": True, "max_tokens": 2})
     assert code == 400 and e["error"]["param"] == "continue_final_message"

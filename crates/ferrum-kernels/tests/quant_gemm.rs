@@ -422,26 +422,24 @@ fn short_buffers_and_ragged_k_are_errors() {
     assert_eq!(B::dtype(&B::alloc(4)), Dtype::F32);
     assert_eq!(B::dtype(&B::from_slice(&[1.0])), Dtype::F32);
     let a256 = B::alloc(256);
+    // A [2, 256] product with `qweight` read as `ty`, in `order` if given.
+    let mut run = |qweight, g_idx, ty| {
+        let w = QuantWeights::<B> {
+            qweight,
+            scales: None,
+            zeros: None,
+            g_idx,
+        };
+        let kind = QuantKind::Gguf { quant_type: ty, int8_activations: false };
+        let shape = Gemm { m: 1, n: 2, k: 256 };
+        B::gemm_quant(&mut (), &a256, &w, &mut out, shape, &kind)
+    };
     for (qw, ty, ok) in [
         (&q4k, GgufQuantType::Q4K, true),
         (&q4k, GgufQuantType::Q6K, false),
         (&f16_pool, GgufQuantType::Q4K, false),
     ] {
-        let w = QuantWeights::<B> {
-            qweight: qw,
-            scales: None,
-            zeros: None,
-            g_idx: None,
-        };
-        let kind = QuantKind::Gguf { quant_type: ty, int8_activations: false };
-        let r = B::gemm_quant(
-            &mut (),
-            &a256,
-            &w,
-            &mut out,
-            Gemm { m: 1, n: 2, k: 256 },
-            &kind,
-        );
+        let r = run(qw, None, ty);
         assert_eq!(r.is_ok(), ok, "{:?} read as {ty:?}", B::dtype(qw));
     }
     // An input order is u32 (from_u32): the same numbers as f32 values
@@ -451,24 +449,7 @@ fn short_buffers_and_ragged_k_are_errors() {
     assert_eq!(B::dtype(&as_u32), Dtype::U32);
     let as_values = B::from_slice(&identity.iter().map(|&i| i as f32).collect::<Vec<_>>());
     for (order, ok) in [(&as_u32, true), (&as_values, false)] {
-        let w = QuantWeights::<B> {
-            qweight: &q4k,
-            scales: None,
-            zeros: None,
-            g_idx: Some(order),
-        };
-        let kind = QuantKind::Gguf {
-            quant_type: GgufQuantType::Q4K,
-            int8_activations: false,
-        };
-        let r = B::gemm_quant(
-            &mut (),
-            &a256,
-            &w,
-            &mut out,
-            Gemm { m: 1, n: 2, k: 256 },
-            &kind,
-        );
+        let r = run(&q4k, Some(order), GgufQuantType::Q4K);
         assert_eq!(r.is_ok(), ok, "order of {:?}", B::dtype(order));
     }
     assert!(B::load_gguf(&[0u8; 34 * 3], t, 2, 64).is_err(), "short");

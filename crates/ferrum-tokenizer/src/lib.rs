@@ -228,12 +228,6 @@ impl Tokenizer {
                         out.extend(vocab.eos);
                     }
                 }
-                // The guess above is generous (a 16 MB text reserves 22 MB
-                // of ids); give a large excess back, as the ids may be kept
-                // while a response streams.
-                if out.capacity() - out.len() > 1 << 20 {
-                    out.shrink_to_fit();
-                }
                 Ok(out)
             }
         }
